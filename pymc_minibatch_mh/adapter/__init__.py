@@ -1,0 +1,1 @@
+"""The PyMC adapter: model to per-observation likelihood, proposals, tuning, stats, compat."""

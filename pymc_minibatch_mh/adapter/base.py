@@ -1,0 +1,288 @@
+"""The shared PyMC step method of all minibatch acceptance tests.
+
+:class:`MinibatchStep` owns everything that is not the acceptance test: the compiled
+per-observation likelihood (:mod:`~pymc_minibatch_mh.adapter.likelihood`), the random-walk
+proposal and its tuning (:mod:`~pymc_minibatch_mh.adapter.proposal`), the per-chain row
+order, temperature, stats and PyMC's per-chain hooks. A subclass supplies one method,
+``_decide(source, data_free)``, that calls a core test and returns its outcome, plus the
+declaration and extraction of its own stats.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pymc.model import modelcontext
+from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
+from pymc.step_methods.state import dataclass_state
+from pymc.util import get_random_generator
+from pymc.vartypes import continuous_types
+
+from pymc_minibatch_mh.adapter.compat import ChainSetupMixin
+from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
+from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal, ScalingTuner
+from pymc_minibatch_mh.core.barker import TestOutcome
+from pymc_minibatch_mh.core.rows import ShuffledRows
+
+__all__ = ["MinibatchStep", "MinibatchStepState", "ModelNotSupportedError"]
+
+
+@dataclass_state
+class MinibatchStepState(StepMethodState):
+    """Resumable state: generator, proposal scale and tuning, temperature.
+
+    The per-chain row order is not part of it (it is O(N)); a resumed chain starts a new
+    random order, which changes no distribution.
+    """
+
+    tuner: ScalingTuner
+    scaling: float
+    tune: bool
+    temperature: float
+
+
+class _PairSource:
+    """The step's minibatch source: ratios between the current and proposed states."""
+
+    __slots__ = ("lik", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated")
+
+    def __init__(self, lik: MinibatchLikelihood) -> None:
+        self.lik = lik
+        self.rows: ShuffledRows | None = None
+        self.x_cur: NDArray[np.float64] = np.empty(0)
+        self.x_prop: NDArray[np.float64] = np.empty(0)
+        self.inv_temperature = np.array(1.0)
+        self.n_total = 0
+        self.evaluated = 0
+
+    def draw(self, count: int) -> tuple[NDArray[np.float64], float, float]:
+        rows = self.rows.take(count)  # type: ignore[union-attr]
+        self.evaluated += count
+        return self.lik.delta(self.x_cur, self.x_prop, rows, self.inv_temperature)
+
+    def full_pass(self) -> NDArray[np.float64]:
+        n = self.n_total
+        self.evaluated += n
+        cur = self.lik.full_loglik(self.x_cur, n)
+        prop = self.lik.full_loglik(self.x_prop, n)
+        return (prop - cur) * float(self.inv_temperature)
+
+
+class MinibatchStep(ChainSetupMixin, BlockedStep):
+    """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
+
+    Parameters
+    ----------
+    vars : list of Variable, optional
+        Continuous variables to sample, as one block. Default: all free variables.
+    batch_size : int
+        Rows drawn per round (the first minibatch has this size too).
+    temperature : float
+        K ≥ ... > 0: the likelihood is raised to 1/K; the prior is not.
+    S : array_like, optional
+        Proposal standard deviations (vector) or covariance (matrix) on the flattened,
+        transformed space, as in ``pm.Metropolis``. Default: ones.
+    scaling : float
+        Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
+    tune : bool
+        Tune ``scaling`` towards ``target_accept`` during tuning (see
+        :class:`~pymc_minibatch_mh.adapter.proposal.ScalingTuner`).
+    target_accept : float
+        Target acceptance probability for tuning.
+    model : pymc.Model, optional
+        Default: the model in context.
+    rng : RandomGenerator, optional
+        Seed or generator; ``pm.sample`` replaces it per chain with one spawned from
+        ``random_seed``.
+    initial_point : dict, optional
+        Point used for shapes and checks (default ``model.initial_point()``).
+    mode : str, optional
+        PyTensor compilation mode of the per-step functions.
+    check_start : bool
+        Evaluate the full-data log-probability once at each chain's start point and raise
+        a clear error if it is not finite (one O(N) pass per chain).
+    """
+
+    name: ClassVar[str] = "minibatch"
+    default_blocked = True
+    _state_class = MinibatchStepState
+
+    #: Stats shared by every minibatch step; dtypes match PyMC's samplers where names clash.
+    common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
+        "accepted": (np.float64, []),
+        "accept": (np.float64, []),
+        "batch_size": (np.int64, []),
+        "growth_rounds": (np.int64, []),
+        "full_data": (bool, []),
+        "nonfinite": (bool, []),
+        "extra_evaluations": (np.int64, []),
+        "scaling": (np.float64, []),
+        "temperature": (np.float64, []),
+        "tune": (bool, []),
+    }
+    #: Stats specific to the test, declared by subclasses.
+    test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.stats_dtypes_shapes = {**MinibatchStep.common_stats, **cls.test_stats}
+
+    def __init__(
+        self,
+        vars: Sequence[Any] | None = None,
+        *,
+        batch_size: int = 100,
+        temperature: float = 1.0,
+        S: ArrayLike | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float = 0.25,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: Any = None,
+        check_start: bool = True,
+        blocked: bool = True,
+    ) -> None:
+        model = modelcontext(model)
+        if vars is None:
+            vars = model.value_vars
+        self._validate_settings(batch_size=batch_size, temperature=temperature)
+        self.batch_size = int(batch_size)
+        self.likelihood = MinibatchLikelihood(
+            model, vars, initial_point=initial_point, mode=mode, step_name=type(self).__name__
+        )
+        self.vars = self.likelihood.value_vars
+        self.model = model
+        self.proposal = RandomWalkProposal(S, self.likelihood.point_map.size)
+        self.tuner = ScalingTuner(float(scaling), target=target_accept)
+        self.scaling = float(scaling)
+        self.tune = bool(tune)
+        self._tune_enabled = bool(tune)
+        self.temperature = float(temperature)
+        self.check_start = bool(check_start)
+        self.rng = get_random_generator(rng)
+        self._source = _PairSource(self.likelihood)
+        self._rows: ShuffledRows | None = None
+        self._n_rows = self.likelihood.n_rows_initial
+        self._warned_nonfinite = False
+        self._chain_started = False
+
+    # ----------------------------------------------------------------- settings
+    def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+
+    @property
+    def temperature(self) -> float:
+        """K: the likelihood is raised to ``1/K``."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._validate_settings(batch_size=1, temperature=value)
+        self._temperature = float(value)
+        self._inv_temperature = np.array(1.0 / self._temperature)
+
+    # ------------------------------------------------------------- chain hooks
+    def _start_chain(self, rng: Any) -> None:
+        self.rng = rng
+        self._n_rows = self.likelihood.n_rows()
+        if self.batch_size > self._n_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than the number of observations "
+                f"N={self._n_rows}. Use a batch_size between 1 and N."
+            )
+        self._rows = self.likelihood.make_rows(self._n_rows, rng)
+        self._source.rows = self._rows
+        self._source.n_total = self._n_rows
+        self._chain_started = False
+        self._warned_nonfinite = False
+
+    def reset_tuning(self) -> None:
+        """Reset the proposal scale to its initial value (called by PyMC per chain)."""
+        self.tuner.reset()
+        self.scaling = self.tuner.scaling
+
+    def stop_tuning(self) -> None:
+        """End tuning: the proposal scale is fixed from now on."""
+        self.tune = False
+
+    # --------------------------------------------------------------------- step
+    @abstractmethod
+    def _decide(self, source: _PairSource, data_free: float) -> TestOutcome:
+        """Run the acceptance test on the prepared source."""
+
+    def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
+        """The test-specific stats of one outcome (see ``test_stats``)."""
+        return {}
+
+    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One Metropolis-Hastings transition with a minibatch acceptance test."""
+        if self._rows is None:
+            # Used outside pm.sample (no chain hook was called).
+            self._start_chain(self.rng)
+        lik = self.likelihood
+        if not self._chain_started:
+            if self.check_start:
+                lik.check_point(point, self._n_rows)
+            self._chain_started = True
+        lik.set_others(point)
+        x_cur = lik.point_map.to_flat(point)
+        x_prop = x_cur + self.scaling * self.proposal(self.rng)
+        data_free = lik.prior_delta(x_cur, x_prop)
+        source = self._source
+        source.x_cur = x_cur
+        source.x_prop = x_prop
+        source.inv_temperature = self._inv_temperature
+        source.evaluated = 0
+        self._rows.start_step()  # type: ignore[union-attr]
+        outcome = self._decide(source, data_free)
+        if outcome.nonfinite and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            warnings.warn(
+                f"{type(self).__name__}: a NaN or infinite log-likelihood ratio was met in a "
+                "minibatch; the proposal was rejected. Steps with this fault are counted in "
+                "the 'nonfinite' sample stat (this warning is shown once per chain).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        new_point = lik.point_map.to_point(x_prop, point) if outcome.accepted else point
+        stats = {
+            "accepted": float(outcome.accepted),
+            "accept": self._accept_prob(outcome),
+            "batch_size": outcome.batch_size,
+            "growth_rounds": outcome.rounds,
+            "full_data": outcome.full_data,
+            "nonfinite": outcome.nonfinite,
+            "extra_evaluations": outcome.extra_evaluations,
+            "scaling": self.scaling,
+            "temperature": self._temperature,
+            "tune": self.tune,
+        }
+        stats.update(self._test_stat_values(outcome))
+        if self.tune and self._tune_enabled:
+            self.scaling = self.tuner.update(stats["accept"])
+        return new_point, [stats]
+
+    def _accept_prob(self, outcome: Any) -> float:
+        return float(getattr(outcome, "accept_prob", float(outcome.accepted)))
+
+    @staticmethod
+    def competence(var: Any, has_grad: bool) -> Competence:
+        """Never chosen automatically: a minibatch test is an explicit choice."""
+        if var.dtype in continuous_types:
+            return Competence.COMPATIBLE
+        return Competence.INCOMPATIBLE

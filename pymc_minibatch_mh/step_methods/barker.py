@@ -1,0 +1,179 @@
+"""``MinibatchBarker``: the minibatch Barker test of Seita et al. (2017) as a PyMC step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from pymc_minibatch_mh.adapter.base import MinibatchStep, _PairSource
+from pymc_minibatch_mh.core.barker import BarkerOutcome, barker_test
+from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
+
+__all__ = ["MinibatchBarker"]
+
+
+class MinibatchBarker(MinibatchStep):
+    r"""Random-walk Metropolis-Hastings with the minibatch Barker acceptance test.
+
+    Each step proposes ``θ' = θ + scaling · ξ`` on the transformed space, evaluates the
+    per-observation log-likelihood ratios on a random minibatch of ``batch_size`` rows
+    (drawn without replacement), grows it by ``batch_size`` rows until the estimate
+    ``Δ*`` of the log acceptance ratio has variance ``s² < σ²`` (never past N), and
+    accepts iff ``Δ* + X_nc + X_corr > 0`` with ``X_nc ~ N(0, σ² − s²)`` and ``X_corr``
+    drawn from the correction distribution ``C_σ``. With the whole data set it makes the
+    exact Barker decision. See :func:`pymc_minibatch_mh.core.barker.barker_test`.
+
+    Parameters
+    ----------
+    vars : list of Variable, optional
+        Continuous variables to sample as one block (default: all free variables).
+    batch_size : int, default 100
+        Initial minibatch size and growth increment (the paper's m).
+    sigma : float, default 1.0
+        σ of the normal part, ``0 < σ < π/√3``. Larger σ allows smaller minibatches
+        (the test needs ``s² < σ²``) at the price of a larger correction-table error.
+    temperature : float, default 1.0
+        K: the likelihood is raised to ``1/K`` (the prior is not). Since ``s²`` scales as
+        ``1/K²``, high temperatures allow small minibatches.
+    S : array_like, optional
+        Proposal standard deviations (vector) or covariance matrix on the flattened,
+        transformed space, as in ``pm.Metropolis``. Default: ones.
+    scaling : float, default 1.0
+        Multiplies the proposal. With ``tune=True`` it is adapted during PyMC's tuning
+        phase towards ``target_accept`` (see
+        :class:`~pymc_minibatch_mh.adapter.proposal.ScalingTuner`), then fixed.
+    tune : bool, default True
+        Whether to tune ``scaling`` during the tuning phase.
+    target_accept : float, default 0.25
+        Target acceptance probability of the tuning.
+    tolerance : float, optional
+        If given, the minibatch also grows until the error bound ε is at most this value
+        (ε > 6.4/√b always, so this needs ``b > (6.4/tolerance)²``). Default: report ε on
+        every step without stopping on it, as the paper's experiments do.
+    early_decision : float, optional
+        Stop growing when ``|Δ*|/s`` reaches this value (the authors' code uses 5) and
+        decide with probability ``g(Δ*)``; see
+        :func:`~pymc_minibatch_mh.core.barker.barker_test` for its error. Off by default.
+    correction : CorrectionDistribution, optional
+        The correction distribution; by default the table shipped for ``sigma`` (or one
+        built on the fly). Its L∞ error is ``step.correction.error``.
+    model, rng, initial_point, mode, check_start
+        See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`.
+
+    Notes
+    -----
+    Sample stats (all scalars): ``accepted`` (1.0/0.0), ``accept`` (``g(Δ*)``),
+    ``batch_size`` (observations used by this step's test), ``epsilon`` (Novak bound on
+    the normal-approximation error), ``edgeworth`` (sharper Edgeworth estimate of it),
+    ``delta_star`` (Δ*), ``delta_variance`` (s²), ``growth_rounds``, ``full_data``,
+    ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
+    ``scaling``, ``temperature``, ``tune``.
+
+    References
+    ----------
+    .. [1] Seita, D., Pan, X., Chen, H., Canny, J. (2017). An Efficient Minibatch
+       Acceptance Test for Metropolis-Hastings. UAI 2017.
+    .. [2] Barker, A. A. (1965). Monte Carlo calculations of the radial distribution
+       functions for a proton-electron plasma. Australian Journal of Physics 18.
+
+    Examples
+    --------
+    >>> import numpy as np, pymc as pm
+    >>> from pymc_minibatch_mh import MinibatchBarker
+    >>> y = np.random.default_rng(0).normal(1.0, 1.0, size=10_000)
+    >>> with pm.Model():
+    ...     mu = pm.Normal("mu", 0, 10)
+    ...     _ = pm.Normal("y", mu, 1, observed=y)
+    ...     step = MinibatchBarker(batch_size=100, S=[0.002], tune=False)
+    ...     idata = pm.sample(draws=300, tune=0, step=step, chains=1, progressbar=False,
+    ...                       random_seed=1, compute_convergence_checks=False)
+    >>> 100 <= int(idata.sample_stats["batch_size"].mean()) <= 10_000
+    True
+    """
+
+    name = "minibatch_barker"
+    test_stats = {
+        "epsilon": (np.float64, []),
+        "edgeworth": (np.float64, []),
+        "delta_star": (np.float64, []),
+        "delta_variance": (np.float64, []),
+        "early_decision": (bool, []),
+    }
+
+    def __init__(
+        self,
+        vars: Sequence[Any] | None = None,
+        *,
+        batch_size: int = 100,
+        sigma: float = 1.0,
+        temperature: float = 1.0,
+        S: ArrayLike | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float = 0.25,
+        tolerance: float | None = None,
+        early_decision: float | None = None,
+        correction: CorrectionDistribution | None = None,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: Any = None,
+        check_start: bool = True,
+        blocked: bool = True,
+    ) -> None:
+        if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
+            raise ValueError(
+                f"sigma must be in (0, π/√3 ≈ {LOGISTIC_SD:.4f}), got {sigma!r}: the normal "
+                "part of the logistic noise cannot have a larger sd than the logistic itself."
+            )
+        if tolerance is not None and not (0.0 < tolerance < 1.0):
+            raise ValueError(f"tolerance must be in (0, 1) or None, got {tolerance!r}.")
+        if early_decision is not None and not (early_decision > 0 and math.isfinite(early_decision)):
+            raise ValueError(f"early_decision must be a positive number or None, got {early_decision!r}.")
+        self.correction = correction if correction is not None else get_correction(float(sigma))
+        if correction is not None and not math.isclose(correction.sigma, sigma):
+            raise ValueError(
+                f"The correction distribution was built for sigma={correction.sigma}, "
+                f"but sigma={sigma} was given."
+            )
+        self.sigma = float(sigma)
+        self.tolerance = tolerance
+        self.early_decision = early_decision
+        super().__init__(
+            vars,
+            batch_size=batch_size,
+            temperature=temperature,
+            S=S,
+            scaling=scaling,
+            tune=tune,
+            target_accept=target_accept,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            mode=mode,
+            check_start=check_start,
+        )
+
+    def _decide(self, source: _PairSource, data_free: float) -> BarkerOutcome:
+        return barker_test(
+            self.rng,
+            source,
+            data_free,
+            batch_size=self.batch_size,
+            correction=self.correction,
+            tolerance=self.tolerance,
+            early_decision=self.early_decision,
+        )
+
+    def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:
+        return {
+            "epsilon": outcome.epsilon,
+            "edgeworth": outcome.edgeworth,
+            "delta_star": outcome.delta_star,
+            "delta_variance": outcome.variance,
+            "early_decision": outcome.early,
+        }
