@@ -293,3 +293,20 @@ def test_set_data_new_length_is_used():
     assert sample_stats(idata)["batch_size"].max() <= 1000
     # The new data (y = 1) pulls a upwards from 0.
     assert float(posterior(idata)["a"].mean()) > 0.0
+
+
+def test_prefetch_changes_cost_not_results(reg_model):
+    """Rows evaluated ahead of need are given back: draws and stats are identical."""
+    results = []
+    for prefetch in (1, 3, "auto"):
+        with reg_model:
+            step = MinibatchBarker(batch_size=20, temperature=5.0, S=[0.02] * 3, tune=False,
+                                   prefetch=prefetch)
+            idata = pm.sample(draws=300, tune=0, step=step, chains=1, **sample_kwargs())
+        results.append((draws_of(idata), sample_stats(idata)))
+    assert float(results[0][1]["growth_rounds"].mean()) > 1.5  # growth actually happens
+    for draws, ss in results[1:]:
+        for k, v in draws.items():
+            np.testing.assert_allclose(v, results[0][0][k], rtol=1e-12)
+        np.testing.assert_array_equal(ss["batch_size"], results[0][1]["batch_size"])
+        np.testing.assert_allclose(ss["delta_star"], results[0][1]["delta_star"], rtol=1e-9)

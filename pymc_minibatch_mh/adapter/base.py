@@ -24,9 +24,10 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
-from pymc_minibatch_mh.adapter.compat import ChainSetupMixin
+from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal, ScalingTuner
+from pymc_minibatch_mh.adapter.source import PairSource, PrefetchPolicy
 from pymc_minibatch_mh.core.barker import TestOutcome
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
@@ -45,33 +46,6 @@ class MinibatchStepState(StepMethodState):
     scaling: float
     tune: bool
     temperature: float
-
-
-class _PairSource:
-    """The step's minibatch source: ratios between the current and proposed states."""
-
-    __slots__ = ("lik", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated")
-
-    def __init__(self, lik: MinibatchLikelihood) -> None:
-        self.lik = lik
-        self.rows: ShuffledRows | None = None
-        self.x_cur: NDArray[np.float64] = np.empty(0)
-        self.x_prop: NDArray[np.float64] = np.empty(0)
-        self.inv_temperature = np.array(1.0)
-        self.n_total = 0
-        self.evaluated = 0
-
-    def draw(self, count: int) -> tuple[NDArray[np.float64], float, float]:
-        rows = self.rows.take(count)  # type: ignore[union-attr]
-        self.evaluated += count
-        return self.lik.delta(self.x_cur, self.x_prop, rows, self.inv_temperature)
-
-    def full_pass(self) -> NDArray[np.float64]:
-        n = self.n_total
-        self.evaluated += n
-        cur = self.lik.full_loglik(self.x_cur, n)
-        prop = self.lik.full_loglik(self.x_prop, n)
-        return (prop - cur) * float(self.inv_temperature)
 
 
 class MinibatchStep(ChainSetupMixin, BlockedStep):
@@ -107,6 +81,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     check_start : bool
         Evaluate the full-data log-probability once at each chain's start point and raise
         a clear error if it is not finite (one O(N) pass per chain).
+    prefetch : int or "auto"
+        Rounds of rows evaluated per compiled call (see
+        :mod:`~pymc_minibatch_mh.adapter.source`); changes the cost, not the results.
     """
 
     name: ClassVar[str] = "minibatch"
@@ -148,6 +125,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         initial_point: Mapping[str, Any] | None = None,
         mode: Any = None,
         check_start: bool = True,
+        prefetch: int | str = "auto",
         blocked: bool = True,
     ) -> None:
         model = modelcontext(model)
@@ -168,7 +146,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self.temperature = float(temperature)
         self.check_start = bool(check_start)
         self.rng = get_random_generator(rng)
-        self._source = _PairSource(self.likelihood)
+        self._source = PairSource(
+            self.likelihood, PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+        )
         self._rows: ShuffledRows | None = None
         self._n_rows = self.likelihood.n_rows_initial
         self._warned_nonfinite = False
@@ -208,6 +188,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._rows = self.likelihood.make_rows(self._n_rows, rng)
         self._source.rows = self._rows
         self._source.n_total = self._n_rows
+        self._source.policy.reset(self.batch_size)
         self._chain_started = False
         self._warned_nonfinite = False
 
@@ -222,7 +203,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
     # --------------------------------------------------------------------- step
     @abstractmethod
-    def _decide(self, source: _PairSource, data_free: float) -> TestOutcome:
+    def _decide(self, source: PairSource, data_free: float) -> TestOutcome:
         """Run the acceptance test on the prepared source."""
 
     def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
@@ -244,12 +225,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         x_prop = x_cur + self.scaling * self.proposal(self.rng)
         data_free = lik.prior_delta(x_cur, x_prop)
         source = self._source
-        source.x_cur = x_cur
-        source.x_prop = x_prop
-        source.inv_temperature = self._inv_temperature
-        source.evaluated = 0
-        self._rows.start_step()  # type: ignore[union-attr]
+        source.begin(x_cur, x_prop, self._inv_temperature)
         outcome = self._decide(source, data_free)
+        source.finish(outcome.rounds)
         if outcome.nonfinite and not self._warned_nonfinite:
             self._warned_nonfinite = True
             warnings.warn(

@@ -94,6 +94,16 @@ class ShuffledRows:
         self.cursor = end
         return rows
 
+    def give_back(self, count: int) -> None:
+        """Return the last ``count`` rows taken in this step, unused, to the pool.
+
+        They will be the first rows of the next :meth:`take`, as if never taken (used when
+        rows were evaluated ahead of need and the test stopped before using them).
+        """
+        if not 0 <= count <= self.used_in_step:
+            raise ValueError(f"cannot give back {count} rows; {self.used_in_step} were taken")
+        self.cursor -= count
+
     def _new_pass(self) -> None:
         """Reshuffle the rows not used in the current step; keep the current step's rows."""
         current = self.order[self.step_start : self.cursor].copy()

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep, _PairSource
+from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.barker import BarkerOutcome, barker_test
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 
@@ -61,7 +62,7 @@ class MinibatchBarker(MinibatchStep):
     correction : CorrectionDistribution, optional
         The correction distribution; by default the table shipped for ``sigma`` (or one
         built on the fly). Its L∞ error is ``step.correction.error``.
-    model, rng, initial_point, mode, check_start
+    model, rng, initial_point, mode, check_start, prefetch
         See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`.
 
     Notes
@@ -123,6 +124,7 @@ class MinibatchBarker(MinibatchStep):
         initial_point: Mapping[str, Any] | None = None,
         mode: Any = None,
         check_start: bool = True,
+        prefetch: int | str = "auto",
         blocked: bool = True,
     ) -> None:
         if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
@@ -156,9 +158,10 @@ class MinibatchBarker(MinibatchStep):
             initial_point=initial_point,
             mode=mode,
             check_start=check_start,
+            prefetch=prefetch,
         )
 
-    def _decide(self, source: _PairSource, data_free: float) -> BarkerOutcome:
+    def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
         return barker_test(
             self.rng,
             source,
