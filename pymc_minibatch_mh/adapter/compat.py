@@ -7,8 +7,8 @@
   ``xarray.DataTree`` (ArviZ 1.x). :func:`sample_stats` and :func:`posterior` read a group
   from either.
 - PyTensor 2.x (with PyMC 5) compiles with the C backend by default; PyTensor 3.x (with
-  PyMC 6) with Numba. :func:`default_mode` names the backend the per-step function is
-  compiled with (measured in ``benchmarks/bench_backends.py``).
+  PyMC 6) with Numba. :func:`default_mode` names the backend the per-step functions are
+  compiled with on both lines (Numba, measured faster in ``benchmarks/bench_backends.py``).
 """
 
 from __future__ import annotations
@@ -55,26 +55,33 @@ class ChainSetupMixin:
 
 
 def default_mode() -> str:
-    """Compilation mode for the per-step functions on this PyTensor line.
+    """Compilation mode for the per-step functions.
 
     Returns
     -------
     str
-        ``"FAST_RUN"`` (C backend) on PyTensor 2.x, ``"NUMBA"`` on PyTensor 3.x, the
-        faster of the two for the minibatch evaluation on each line in
-        ``benchmarks/bench_backends.py``.
+        ``"NUMBA"`` when numba is importable (a dependency of this package), else
+        ``"FAST_RUN"`` (the C backend). ``benchmarks/bench_backends.py`` measured Numba
+        1.2–2.4 × faster than C for the minibatch evaluation at b ≤ 200 on PyTensor 2.38 and
+        up to 1.5 × faster on PyTensor 3.3 (equal at b = 1000), so Numba is the default on
+        both lines; pip-installed PyTensor 2.x also often cannot link BLAS for C.
     """
-    return "NUMBA" if PYTENSOR_MAJOR >= 3 else "FAST_RUN"
+    try:
+        import numba  # noqa: F401
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return "FAST_RUN"
+    return "NUMBA"
 
 
 def call_cost_rows(mode: Any) -> float:
     """Fixed cost of one call of the per-step function, in rows of work (measured).
 
-    PyTensor 2's C virtual machine costs about 28 µs per call against 0.17 µs per row on the
-    Gaussian mixture; PyTensor 3 about 7 µs against 0.07 µs. Used to choose how many rows
-    to evaluate per call (:class:`~pymc_minibatch_mh.adapter.source.PrefetchPolicy`).
+    With Numba a call costs about 4–7 µs against 0.07–0.13 µs per row on the Gaussian
+    mixture; PyTensor 2's C virtual machine about 28 µs against 0.17 µs per row. Used to
+    choose how many rows to evaluate per call
+    (:class:`~pymc_minibatch_mh.adapter.source.PrefetchPolicy`).
     """
-    return 165.0 if PYTENSOR_MAJOR < 3 else 100.0
+    return 100.0 if str(mode).upper() == "NUMBA" else 165.0
 
 
 def group(result: Any, name: str) -> Any:

@@ -57,8 +57,9 @@ class MinibatchBarker(MinibatchStep):
         every step without stopping on it, as the paper's experiments do.
     early_decision : float, optional
         Stop growing when ``|Δ*|/s`` reaches this value (the authors' code uses 5) and
-        decide with probability ``g(Δ*)``; see
-        :func:`~pymc_minibatch_mh.core.barker.barker_test` for its error. Off by default.
+        decide with probability ``g(Δ*)``. This trades accuracy for data: with threshold 5
+        the step's acceptance probability can be off by up to 7e-3 (at s = σ = 1); see
+        :func:`~pymc_minibatch_mh.core.barker.barker_test`. Off by default.
     correction : CorrectionDistribution, optional
         The correction distribution; by default the table shipped for ``sigma`` (or one
         built on the fly). Its L∞ error is ``step.correction.error``.
