@@ -64,15 +64,14 @@ def bench_model(name, model, n, batches):
         for b in batches:
             counter = [0]
 
-            def args(b=b, counter=counter):
+            def args(b=b, counter=counter, x0=x0, x1=x1, inv_t=inv_t):
                 start = (counter[0] * b) % (n - b)
                 counter[0] += 1
                 return x0, x1, order[start : start + b], inv_t
 
             rows.setdefault(b, {})[mode] = median_call(lik.delta, args)
-        rows.setdefault("prior", {})[mode] = median_call(
-            lik.prior_delta, lambda x0=x0, x1=x1: (x0, x1)
-        )
+        pair = (x0, x1)
+        rows.setdefault("prior", {})[mode] = median_call(lik.prior_delta, lambda p=pair: p)
     for key, by_mode in rows.items():
         c, nb = by_mode["FAST_RUN"], by_mode["NUMBA"]
         label = f"b = {key}" if key != "prior" else "data-free part"

@@ -138,7 +138,8 @@ def main(argv=None):
           f"≤ {budget * us:.1f} µs |")
     for mode, seconds in evals.items():
         mark = " (default)" if mode == default_mode() else ""
-        print(f"| one minibatch evaluation at b = {batch}, {mode}{mark} | {seconds * us:.1f} µs | |")
+        label = f"one minibatch evaluation at b = {batch}, {mode}{mark}"
+        print(f"| {label} | {seconds * us:.1f} µs | |")
     print(f"| no-op PyMC step | {noop * us:.1f} µs | |")
     print(f"| step / (evaluation + no-op step) | {t_step / (t_eval + noop):.2f} | ≤ 2 |")
     print(f"| pm.Metropolis (full-data MH) per draw | {t_metro * 1e3:.1f} ms | |")

@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ax0.scatter(theta[:, 0], theta[:, 1], s=2, alpha=0.25, color="k")
     ax0.set(xlabel=r"$\theta_1$", ylabel=r"$\theta_2$",
             title="MinibatchBarker samples over the tempered log posterior")
-    bins = np.logspace(np.log10(args.batch_size), np.log10(max(sizes.max(), 10 * args.batch_size)), 30)
+    top = max(sizes.max(), 10 * args.batch_size)
+    bins = np.logspace(np.log10(args.batch_size), np.log10(top), 30)
     ax1.hist(sizes.ravel(), bins=bins, color="C0")
     ax1.set(xscale="log", yscale="log", xlabel="minibatch size", ylabel="count",
             title=f"Minibatch sizes (mean {sizes.mean():.1f})")

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
-from pymc.model import modelcontext
+from numpy.typing import ArrayLike
+from pymc.model import Model, modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
@@ -84,6 +84,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     prefetch : int or "auto"
         Rounds of rows evaluated per compiled call (see
         :mod:`~pymc_minibatch_mh.adapter.source`); changes the cost, not the results.
+
     """
 
     name: ClassVar[str] = "minibatch"
@@ -102,6 +103,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
         "tune": (bool, []),
+        "mean_batch_size": (np.float64, []),
+        "accept_rate": (np.float64, []),
     }
     #: Stats specific to the test, declared by subclasses.
     test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
@@ -191,6 +194,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._source.policy.reset(self.batch_size)
         self._chain_started = False
         self._warned_nonfinite = False
+        self._chain_steps = 0
+        self._chain_batch_total = 0
+        self._chain_accepted = 0
 
     def reset_tuning(self) -> None:
         """Reset the proposal scale to its initial value (called by PyMC per chain)."""
@@ -217,6 +223,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self._start_chain(self.rng)
         lik = self.likelihood
         if not self._chain_started:
+            self._check_same_model(point)
             if self.check_start:
                 lik.check_point(point, self._n_rows)
             self._chain_started = True
@@ -238,6 +245,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 stacklevel=2,
             )
         new_point = lik.point_map.to_point(x_prop, point) if outcome.accepted else point
+        self._chain_steps += 1
+        self._chain_batch_total += outcome.batch_size
+        self._chain_accepted += outcome.accepted
         stats = {
             "accepted": float(outcome.accepted),
             "accept": self._accept_prob(outcome),
@@ -249,14 +259,66 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "scaling": self.scaling,
             "temperature": self._temperature,
             "tune": self.tune,
+            "mean_batch_size": self._chain_batch_total / self._chain_steps,
+            "accept_rate": self._chain_accepted / self._chain_steps,
         }
         stats.update(self._test_stat_values(outcome))
         if self.tune and self._tune_enabled:
             self.scaling = self.tuner.update(stats["accept"])
         return new_point, [stats]
 
+    def _check_same_model(self, point: Mapping[str, Any]) -> None:
+        """Refuse a point (or model context) that does not belong to the step's model."""
+        entries = self.likelihood.point_map.entries
+        wrong = [
+            e.name for e in entries if e.name not in point or np.shape(point[e.name]) != e.shape
+        ]
+        context = Model.get_context(error_if_none=False)
+        other = (
+            context is not None
+            and context is not self.model
+            and {v.name for v in context.value_vars} == {v.name for v in self.model.value_vars}
+        )
+        if wrong or other:
+            raise ModelNotSupportedError(
+                f"This {type(self).__name__} was built for another model"
+                + (f" (variables {wrong} are missing or have other shapes)" if wrong else "")
+                + ": its compiled likelihood uses that model's data. Create the step inside "
+                "`with model:` of the model you sample (or pass model=...)."
+            )
+
     def _accept_prob(self, outcome: Any) -> float:
         return float(getattr(outcome, "accept_prob", float(outcome.accepted)))
+
+    @staticmethod
+    def _progressbar_config(n_chains: int = 1) -> tuple[list[Any], dict[str, list[Any]]]:
+        from rich.progress import TextColumn
+        from rich.table import Column
+
+        columns = [
+            TextColumn("{task.fields[mean_batch_size]:0.1f}",
+                       table_column=Column("Mean batch", ratio=1)),
+            TextColumn("{task.fields[accept_rate]:0.2f}", table_column=Column("Accept", ratio=1)),
+            TextColumn("{task.fields[scaling]:0.3g}", table_column=Column("Scaling", ratio=1)),
+        ]
+        stats = {
+            "mean_batch_size": [0.0] * n_chains,
+            "accept_rate": [0.0] * n_chains,
+            "scaling": [0.0] * n_chains,
+        }
+        return columns, stats
+
+    @staticmethod
+    def _make_progressbar_update_functions() -> tuple[Any, ...]:
+        def update_stats(step_stats: Mapping[str, Any]) -> dict[str, Any]:
+            return {
+                "mean_batch_size": step_stats["mean_batch_size"],
+                "accept_rate": step_stats["accept_rate"],
+                "scaling": step_stats["scaling"],
+                "failing": bool(step_stats["nonfinite"]),
+            }
+
+        return (update_stats,)
 
     @staticmethod
     def competence(var: Any, has_grad: bool) -> Competence:

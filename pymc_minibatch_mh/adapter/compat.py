@@ -65,6 +65,7 @@ def default_mode() -> str:
         1.2–2.4 × faster than C for the minibatch evaluation at b ≤ 200 on PyTensor 2.38 and
         up to 1.5 × faster on PyTensor 3.3 (equal at b = 1000), so Numba is the default on
         both lines; pip-installed PyTensor 2.x also often cannot link BLAS for C.
+
     """
     try:
         import numba  # noqa: F401
@@ -98,6 +99,7 @@ def group(result: Any, name: str) -> Any:
     -------
     xarray.Dataset
         The group as a Dataset on either PyMC line.
+
     """
     obj = result[name]
     return obj.to_dataset() if isinstance(obj, _DATATREE) else obj
@@ -129,6 +131,7 @@ def mcse(draws: Any, method: str = "mean") -> float:
         ArviZ's MCSE. ArviZ 0.23's ``mcse(method="sd")`` fails under NumPy ≥ 2.4, so there
         the sd's MCSE is computed as ArviZ 1.x does: by the delta method from ArviZ's
         ESS of the squared deviations.
+
     """
     import arviz as az
     import numpy as np

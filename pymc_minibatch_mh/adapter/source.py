@@ -40,6 +40,7 @@ class PrefetchPolicy:
         Fixed cost of one call expressed in rows (used by ``"auto"``).
     max_rounds : int
         Largest block, in rounds, that ``"auto"`` considers.
+
     """
 
     UPDATE_EVERY = 256
@@ -92,6 +93,7 @@ class PairSource:
         The compiled model functions.
     policy : PrefetchPolicy
         Block-size policy.
+
     """
 
     __slots__ = (
@@ -142,11 +144,7 @@ class PairSource:
         if unused:
             rows.give_back(unused)  # type: ignore[union-attr]
         room = self.n_total - self._used
-        # Never prefetch across the end of a pass over the data: the reshuffle (which
-        # draws from the chain's generator) must happen exactly when the test itself
-        # reaches the end, so that results do not depend on the block size.
-        in_pass = rows.n_rows - rows.cursor  # type: ignore[union-attr]
-        size = min(room, max(count, min(count * self.policy.rounds, in_pass)))
+        size = min(room, count * self.policy.rounds)
         idx = rows.take(size)  # type: ignore[union-attr]
         self._block, self._csum, self._csum_sq = self.lik.delta(
             self.x_cur, self.x_prop, idx, self.inv_temperature

@@ -1,25 +1,62 @@
 """The acceptance tests and their tools, with NumPy and SciPy only (no PyMC import).
 
-- :mod:`~pymc_minibatch_mh.core.barker`: the minibatch Barker test;
+- :mod:`~pymc_minibatch_mh.core.barker`: the minibatch Barker test (Seita et al. 2017);
+- :mod:`~pymc_minibatch_mh.core.austere`: AustereMH's sequential t-test and its designs
+  (Korattikara et al. 2014);
+- :mod:`~pymc_minibatch_mh.core.subsampling`: MHSubLhd's adaptive subsampling test
+  (Bardenet et al. 2014);
+- :mod:`~pymc_minibatch_mh.core.exact`: the exact full-data Metropolis and Barker tests;
 - :mod:`~pymc_minibatch_mh.core.correction`: the correction distribution ``C_σ``;
 - :mod:`~pymc_minibatch_mh.core.moments`: running moments and the error bound ε;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;
 - :mod:`~pymc_minibatch_mh.core.source`: the minibatch source protocol.
 """
 
-from pymc_minibatch_mh.core.barker import BarkerOutcome, TestOutcome, barker_probability, barker_test
+from pymc_minibatch_mh.core.austere import (
+    AustereDesign,
+    AustereOutcome,
+    austere_nc_test,
+    austere_test,
+    conservative_design,
+    design_table,
+    sequential_test_error,
+    worst_case_error,
+)
+from pymc_minibatch_mh.core.barker import (
+    BarkerOutcome,
+    TestOutcome,
+    barker_probability,
+    barker_test,
+)
+from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
+from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 from pymc_minibatch_mh.core.moments import RunningMoments, clt_error_bound
 from pymc_minibatch_mh.core.rows import ShuffledRows
 from pymc_minibatch_mh.core.source import ArraySource, MinibatchSource
+from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
 __all__ = [
     "ArraySource",
+    "AustereDesign",
+    "AustereOutcome",
     "BarkerOutcome",
+    "CorrectionDistribution",
+    "ExactOutcome",
+    "MHSubLhdOutcome",
     "MinibatchSource",
     "RunningMoments",
     "ShuffledRows",
     "TestOutcome",
+    "austere_nc_test",
+    "austere_test",
     "barker_probability",
     "barker_test",
     "clt_error_bound",
+    "conservative_design",
+    "design_table",
+    "exact_test",
+    "get_correction",
+    "mhsublhd_test",
+    "sequential_test_error",
+    "worst_case_error",
 ]

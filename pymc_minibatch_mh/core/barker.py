@@ -33,7 +33,7 @@ class CorrectionSampler(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TestOutcome:
     """Fields every minibatch acceptance test reports.
 
@@ -53,6 +53,7 @@ class TestOutcome:
     extra_evaluations : int
         Observations evaluated outside the test's minibatch (full passes for bounds or
         designs); 0 for the minibatch Barker test.
+
     """
 
     __test__ = False  # not a pytest test class
@@ -65,7 +66,7 @@ class TestOutcome:
     extra_evaluations: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BarkerOutcome(TestOutcome):
     """Result of one minibatch Barker test.
 
@@ -84,6 +85,7 @@ class BarkerOutcome(TestOutcome):
         Whether the early-decision rule ended the step.
     accept_prob : float
         ``g(Δ*)``, the Barker acceptance probability at the estimate.
+
     """
 
     delta_star: float
@@ -113,6 +115,7 @@ def barker_probability(delta: float) -> float:
     0.5
     >>> barker_probability(-1000.0)
     0.0
+
     """
     if delta >= 0:
         return 1.0 / (1.0 + math.exp(-delta))
@@ -196,6 +199,7 @@ def barker_test(
     ----------
     .. [1] Seita, D., Pan, X., Chen, H., Canny, J. (2017). An Efficient Minibatch
        Acceptance Test for Metropolis-Hastings. UAI 2017, Algorithm 1.
+
     """
     if not math.isfinite(data_free):
         # -inf: the proposal is outside the prior's support; no data are needed.

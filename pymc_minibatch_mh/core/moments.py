@@ -38,6 +38,7 @@ def chunk_moments(values: NDArray[np.float64]) -> tuple[float, float]:
     -------
     tuple of float
         ``(mean, m2)`` with ``m2 = sum((values - mean) ** 2)``.
+
     """
     with np.errstate(invalid="ignore"):
         mean = float(values.mean())
@@ -62,6 +63,7 @@ def finite_population_factor(n: int, n_total: int) -> float:
     -------
     float
         The factor (0 when ``N = 1``).
+
     """
     if n_total <= 1:
         return 0.0
@@ -79,6 +81,7 @@ class RunningMoments:
     ...     m.add(chunk, *chunk_moments(chunk))
     >>> m.count, m.mean, m.sample_variance()
     (5, 3.0, 2.5)
+
     """
 
     __slots__ = ("count", "mean", "m2", "chunks")
@@ -153,6 +156,7 @@ def clt_error_bound(values: NDArray[np.float64], mean: float | None = None) -> t
        Acceptance Test for Metropolis-Hastings. UAI 2017.
     .. [2] Novak, S. Y. (2005). On self-normalized sums and Student's statistic.
        Theory of Probability & Its Applications 49(2).
+
     """
     b = values.shape[0]
     if b < 2:

@@ -3,10 +3,17 @@
 A minibatch test needs, within one step, rows drawn uniformly *without replacement* and
 possibly grown several times. Calling ``Generator.choice(N, b, replace=False)`` every
 step costs O(b) with a large constant, and ``permutation(N)[:b]`` costs O(N). Instead
-:class:`ShuffledRows` keeps one random order of the N rows per chain and hands out
-consecutive slices of it. When a pass over the data is exhausted, the rows not used by
-the current step are reshuffled (O(N) once per pass, O(1) amortised per row) while the
-rows already used by the current step are kept apart, so a step never sees a row twice.
+:class:`ShuffledRows` keeps one random order of the N rows and gives each step a window
+of it, starting at a fresh uniformly random position and growing forwards (cyclically).
+The order is reshuffled whenever the steps since the last shuffle have used N rows in
+total, so the cost is O(1) amortised per row.
+
+Why a random start, rather than continuing where the previous step stopped: the tests
+stop growing when the rows they have seen decide the outcome, so the rows a step leaves
+unused in a pass depend on the values it saw. Steps that consume a pass in sequence would
+inherit that selection (measurably, for sequential tests that use a large share of N);
+with an independent uniform start every step's rows are a uniformly random subset,
+whatever earlier steps did.
 """
 
 from __future__ import annotations
@@ -18,22 +25,21 @@ __all__ = ["ShuffledRows"]
 
 
 class ShuffledRows:
-    """Row sampler: contiguous slices of a random order, reshuffled once per pass.
+    """Row sampler: random windows of a random order, reshuffled once per N rows used.
 
     Parameters
     ----------
     n_rows : int
         Number of rows (observations) N.
     rng : numpy.random.Generator
-        Generator used for the initial order and every reshuffle.
+        Generator used for the orders and the windows' starts.
 
     Notes
     -----
-    Every call of :meth:`start_step` opens a new step; :meth:`take` then returns rows not
-    yet returned in this step. Marginally, the rows of a step are a uniformly random
-    subset of size b (a window of a uniformly random order). Within a pass, consecutive
-    steps see disjoint rows, which makes successive estimates slightly negatively
-    correlated but does not change the distribution of any single step.
+    Every call of :meth:`start_step` opens a new step at a uniformly random position;
+    :meth:`take` then returns the next rows of the order (wrapping around at the end), so
+    a step never sees a row twice and a step of N rows sees every row once. Marginally,
+    the rows of a step are a uniformly random subset of their size.
 
     Examples
     --------
@@ -44,9 +50,10 @@ class ShuffledRows:
     >>> second = rows.take(6)
     >>> sorted(np.concatenate([first, second]).tolist())
     [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+
     """
 
-    __slots__ = ("n_rows", "rng", "order", "cursor", "step_start", "passes")
+    __slots__ = ("n_rows", "rng", "order", "start", "used", "since_shuffle", "shuffles")
 
     def __init__(self, n_rows: int, rng: np.random.Generator) -> None:
         if n_rows < 1:
@@ -54,18 +61,25 @@ class ShuffledRows:
         self.n_rows = int(n_rows)
         self.rng = rng
         self.order: NDArray[np.int64] = rng.permutation(self.n_rows).astype(np.int64)
-        self.cursor = 0
-        self.step_start = 0
-        self.passes = 0
+        self.start = 0
+        self.used = 0
+        self.since_shuffle = 0
+        self.shuffles = 0
 
     def start_step(self) -> None:
-        """Begin a new step: rows returned from now on are new to this step."""
-        self.step_start = self.cursor
+        """Begin a new step at a uniformly random position of the order."""
+        self.since_shuffle += self.used
+        if self.since_shuffle >= self.n_rows:
+            self.rng.shuffle(self.order)
+            self.since_shuffle = 0
+            self.shuffles += 1
+        self.start = int(self.rng.integers(self.n_rows))
+        self.used = 0
 
     @property
     def used_in_step(self) -> int:
         """Number of rows returned since the last :meth:`start_step`."""
-        return self.cursor - self.step_start
+        return self.used
 
     def take(self, count: int) -> NDArray[np.int64]:
         """Return ``count`` row indices not yet returned in this step.
@@ -78,40 +92,30 @@ class ShuffledRows:
         Returns
         -------
         numpy.ndarray
-            A contiguous int64 view of the internal order. It is valid until the next call
-            of :meth:`take`; copy it to keep it.
+            Contiguous int64 indices (a view of the internal order unless the window wraps
+            around its end); valid until the order is reshuffled, at the next step.
+
         """
-        end = self.cursor + count
-        if end > self.n_rows:
-            if self.used_in_step + count > self.n_rows:
-                raise ValueError(
-                    f"cannot take {count} more rows: {self.used_in_step} of {self.n_rows} "
-                    "rows are already used in this step"
-                )
-            self._new_pass()
-            end = self.cursor + count
-        rows = self.order[self.cursor : end]
-        self.cursor = end
-        return rows
+        n = self.n_rows
+        if self.used + count > n:
+            raise ValueError(
+                f"cannot take {count} more rows: {self.used} of {n} rows are already used "
+                "in this step"
+            )
+        a = (self.start + self.used) % n
+        b = a + count
+        self.used += count
+        if b <= n:
+            return self.order[a:b]
+        return np.concatenate((self.order[a:], self.order[: b - n]))
 
     def give_back(self, count: int) -> None:
-        """Return the last ``count`` rows taken in this step, unused, to the pool.
+        """Return the last ``count`` rows taken in this step, unused.
 
-        They will be the first rows of the next :meth:`take`, as if never taken (used when
-        rows were evaluated ahead of need and the test stopped before using them).
+        They will be the first rows of the next :meth:`take` of this step, as if never
+        taken (used when rows were evaluated ahead of need and the test stopped before
+        using them), and do not count as used.
         """
-        if not 0 <= count <= self.used_in_step:
-            raise ValueError(f"cannot give back {count} rows; {self.used_in_step} were taken")
-        self.cursor -= count
-
-    def _new_pass(self) -> None:
-        """Reshuffle the rows not used in the current step; keep the current step's rows."""
-        current = self.order[self.step_start : self.cursor].copy()
-        rest = np.concatenate((self.order[: self.step_start], self.order[self.cursor :]))
-        self.rng.shuffle(rest)
-        k = current.size
-        self.order[:k] = current
-        self.order[k:] = rest
-        self.step_start = 0
-        self.cursor = k
-        self.passes += 1
+        if not 0 <= count <= self.used:
+            raise ValueError(f"cannot give back {count} rows; {self.used} were taken")
+        self.used -= count

@@ -62,6 +62,7 @@ class ArraySource:
     >>> values, mean, m2 = src.draw(5)
     >>> float(values.sum()), mean, m2
     (10.0, 2.0, 10.0)
+
     """
 
     def __init__(

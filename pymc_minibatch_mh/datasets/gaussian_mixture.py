@@ -43,6 +43,7 @@ def gaussian_mixture_data(n: int = 1_000_000, seed: int = 0) -> NDArray[np.float
     -------
     numpy.ndarray
         The observations.
+
     """
     rng = np.random.default_rng(seed)
     loc = np.where(rng.random(n) < 0.5, TRUE_THETA[0], TRUE_THETA[0] + TRUE_THETA[1])
@@ -61,6 +62,7 @@ def gaussian_mixture_model(x: NDArray[np.float64]):  # noqa: ANN201 - returns pm
     -------
     pymc.Model
         A model with free variable ``theta`` (shape 2) and observed ``x``.
+
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -99,11 +101,14 @@ def log_posterior_grid(
         K; the likelihood is raised to 1/K.
     theta1, theta2 : numpy.ndarray
         Grid coordinates (1-d).
+    bins : int
+        Number of histogram bins summarising the data.
 
     Returns
     -------
     numpy.ndarray
         Array of shape ``(len(theta2), len(theta1))``: log prior + (1/K) log likelihood.
+
     """
     counts, edges = np.histogram(x, bins=bins)
     centres = 0.5 * (edges[1:] + edges[:-1])

@@ -95,6 +95,7 @@ class MinibatchBarker(MinibatchStep):
     ...                       random_seed=1, compute_convergence_checks=False)
     >>> 100 <= int(idata.sample_stats["batch_size"].mean()) <= 10_000
     True
+
     """
 
     name = "minibatch_barker"
@@ -135,8 +136,12 @@ class MinibatchBarker(MinibatchStep):
             )
         if tolerance is not None and not (0.0 < tolerance < 1.0):
             raise ValueError(f"tolerance must be in (0, 1) or None, got {tolerance!r}.")
-        if early_decision is not None and not (early_decision > 0 and math.isfinite(early_decision)):
-            raise ValueError(f"early_decision must be a positive number or None, got {early_decision!r}.")
+        if early_decision is not None and not (
+            early_decision > 0 and math.isfinite(early_decision)
+        ):
+            raise ValueError(
+                f"early_decision must be a positive number or None, got {early_decision!r}."
+            )
         self.correction = correction if correction is not None else get_correction(float(sigma))
         if correction is not None and not math.isclose(correction.sigma, sigma):
             raise ValueError(

@@ -1,0 +1,261 @@
+"""MHSubLhd: adaptive subsampling with a concentration bound (Bardenet, Doucet, Holmes 2014).
+
+Like AustereMH, the test compares the mean ratio ``μ = (1/N) Σ l_i`` with the threshold
+``ψ = (log u − c) / N``, but it stops when an empirical Bernstein concentration bound
+``c_k`` certifies, with probability at least ``1 − δ`` over the whole sequence of checks,
+that ``|l̄ − μ| ≤ c_k``: then ``|l̄ − ψ| > c_k`` means ``l̄`` and ``μ`` are on the same side
+of ψ. The minibatch grows geometrically (``n ← ⌈γ n⌉``) and the error budget is split as
+``δ_k = δ (p − 1) / (p k^p)`` over the checks (``Σ_k δ_k ≤ δ``). The bound needs the
+range ``C_{θ,θ'}`` of the ``l_i`` over the whole data set, in general a full pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pymc_minibatch_mh.core.barker import TestOutcome
+from pymc_minibatch_mh.core.common import is_fault, log_threshold
+from pymc_minibatch_mh.core.moments import RunningMoments
+from pymc_minibatch_mh.core.source import MinibatchSource
+
+__all__ = ["MHSubLhdOutcome", "bernstein_bound", "mhsublhd_test"]
+
+
+@dataclass(slots=True)
+class MHSubLhdOutcome(TestOutcome):
+    """Result of one MHSubLhd test.
+
+    Attributes
+    ----------
+    psi : float
+        The threshold ``ψ = (log u − c) / N`` (``u`` drawn first from the generator).
+    mean : float
+        The mean ``l̄`` of the ratios used (the exact μ when ``full_data``).
+    std : float
+        Their standard deviation ``σ̂`` (``ddof = 0``) at the last check.
+    bound : float
+        The concentration bound ``c_k`` of the last check (0 at full data).
+    delta_k : float
+        The error budget ``δ_k`` of the last check.
+    range_bound : float
+        ``C_{θ,θ'}``, the bound on ``max_i l_i − min_i l_i`` used.
+
+    """
+
+    psi: float
+    mean: float
+    std: float
+    bound: float
+    delta_k: float
+    range_bound: float
+
+
+def bernstein_bound(
+    std: float,
+    n: int,
+    n_total: int,
+    delta_k: float,
+    range_bound: float,
+    *,
+    bernstein_serfling: bool = True,
+) -> float:
+    """Compute the empirical Bernstein bound ``c_k`` on ``|l̄ − μ|`` after ``n`` of N rows.
+
+    Parameters
+    ----------
+    std : float
+        ``σ̂``, the standard deviation (``ddof = 0``) of the ``n`` ratios drawn.
+    n : int
+        Rows drawn.
+    n_total : int
+        Population size N.
+    delta_k : float
+        Error budget of this check.
+    range_bound : float
+        ``C_{θ,θ'}`` (the range of the ``l_i``).
+    bernstein_serfling : bool, optional
+        Multiply the first term by ``√ρ_n``, ``ρ_n = 1 − (n − 1)/N`` (sampling without
+        replacement, Bardenet and Maillard 2015).
+
+    Returns
+    -------
+    float
+        ``σ̂ √(ρ · 2 log(3/δ_k) / n) + 6 C log(3/δ_k) / n`` (``ρ = 1`` without the
+        Bernstein–Serfling factor).
+
+    References
+    ----------
+    .. [1] Bardenet, R., Doucet, A., Holmes, C. (2014). Towards scaling up Markov chain
+       Monte Carlo: an adaptive subsampling approach. ICML 2014, Algorithm 3.
+    .. [2] Bardenet, R., Maillard, O.-A. (2015). Concentration inequalities for sampling
+       without replacement. Bernoulli 21(3).
+
+    Examples
+    --------
+    >>> round(bernstein_bound(1.0, 100, 10**6, 0.01, 0.0, bernstein_serfling=False), 4)
+    0.3378
+
+    """
+    log_term = math.log(3.0 / delta_k)
+    rho = 1.0 - (n - 1) / n_total if bernstein_serfling else 1.0
+    return std * math.sqrt(rho * 2.0 * log_term / n) + 6.0 * range_bound * log_term / n
+
+
+def mhsublhd_test(
+    rng: np.random.Generator,
+    source: MinibatchSource,
+    data_free: float,
+    *,
+    batch_size: int,
+    delta: float = 0.01,
+    gamma: float = 1.5,
+    p: float = 2.0,
+    range_bound: float | Callable[[], float] | None = None,
+    bernstein_serfling: bool = True,
+) -> MHSubLhdOutcome:
+    """Run one MHSubLhd test (Bardenet et al. 2014, Algorithm 3).
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of ``u`` (one draw, made first).
+    source : MinibatchSource
+        Gives the ratios ``l_i`` of new rows; the caller has opened the step.
+    data_free : float
+        The data-free part ``c(θ, θ')``.
+    batch_size : int
+        Initial minibatch size b.
+    delta : float, optional
+        Total error budget δ (probability that the decision differs from the exact one).
+    gamma : float, optional
+        Geometric growth factor γ > 1.
+    p : float, optional
+        Exponent p > 1 of the split ``δ_k = δ (p − 1) / (p k^p)``.
+    range_bound : float or callable, optional
+        ``C_{θ,θ'} ≥ max_i l_i − min_i l_i``: a number, a function returning it (e.g. a
+        model-specific bound), or None to compute it exactly with a full pass over the
+        data (``source.full_pass()``, counted in ``extra_evaluations``).
+    bernstein_serfling : bool, optional
+        Use the without-replacement factor ``√ρ_n`` in the bound.
+
+    Returns
+    -------
+    MHSubLhdOutcome
+        The decision, the last check's bound and the rows used.
+
+    Notes
+    -----
+    ``ψ = (log u − c) / N``. With ``n`` rows drawn at check ``k``, ``l̄`` and ``σ̂`` their
+    mean and standard deviation (``ddof = 0``, as in the empirical Bernstein inequality),
+    the check stops if ``|l̄ − ψ| > c_k`` (see :func:`bernstein_bound`) or ``n = N``;
+    otherwise ``⌈γ n⌉ − n`` new rows are drawn (never past N). It accepts iff ``l̄ > ψ``,
+    exactly the MH decision at ``n = N``. A ``−inf`` ratio rejects; NaN or ``+inf``
+    rejects and sets ``nonfinite`` (also when met by the full pass for ``C``).
+
+    References
+    ----------
+    .. [1] Bardenet, R., Doucet, A., Holmes, C. (2014). Towards scaling up Markov chain
+       Monte Carlo: an adaptive subsampling approach. ICML 2014.
+    .. [2] Seita, D., Pan, X., Chen, H., Canny, J. (2017). An Efficient Minibatch
+       Acceptance Test for Metropolis-Hastings. UAI 2017, Section 6 (γ = 1.5, p = 2,
+       δ = 0.01, C from a full pass).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pymc_minibatch_mh.core.source import ArraySource
+    >>> rng = np.random.default_rng(0)
+    >>> source = ArraySource(rng.normal(0.01, 1.0, size=1000), rng=rng)
+    >>> source.start_step()
+    >>> out = mhsublhd_test(rng, source, 0.0, batch_size=100)
+    >>> out.extra_evaluations, out.full_data, out.accepted == (out.mean > out.psi)
+    (1000, True, True)
+
+    """
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if not gamma > 1.0:
+        raise ValueError(f"gamma must exceed 1, got {gamma!r}")
+    if not p > 1.0:
+        raise ValueError(f"p must exceed 1, got {p!r}")
+    n_total = source.n_total
+    _, psi = log_threshold(rng, data_free, n_total)
+
+    def rejected(
+        fault: bool, mean: float = math.nan, used: int = 0, rounds: int = 0,
+        extra: int = 0, c_range: float = math.nan,
+    ) -> MHSubLhdOutcome:
+        return MHSubLhdOutcome(
+            accepted=False,
+            batch_size=used,
+            rounds=rounds,
+            full_data=used >= n_total,
+            nonfinite=fault,
+            extra_evaluations=extra,
+            psi=psi,
+            mean=mean,
+            std=math.nan,
+            bound=math.nan,
+            delta_k=math.nan,
+            range_bound=c_range,
+        )
+
+    if not math.isfinite(data_free):
+        return rejected(is_fault(data_free))
+
+    extra = 0
+    if range_bound is None:
+        everything = np.asarray(source.full_pass(), dtype=np.float64)
+        extra = n_total
+        with np.errstate(invalid="ignore"):
+            c_range = float(everything.max() - everything.min())
+        if not math.isfinite(c_range):
+            fault = bool(np.isnan(everything).any() or np.isposinf(everything).any())
+            return rejected(fault, extra=extra, c_range=c_range)
+    else:
+        c_range = float(range_bound() if callable(range_bound) else range_bound)
+        if not c_range >= 0.0:
+            raise ValueError(f"range_bound must be non-negative, got {c_range!r}")
+
+    moments = RunningMoments()
+    target = min(int(batch_size), n_total)
+    k = 0
+    while True:
+        values, chunk_mean, chunk_m2 = source.draw(target - moments.count)
+        moments.add(values, chunk_mean, chunk_m2)
+        k += 1
+        n = moments.count
+        mean = moments.mean
+        if not math.isfinite(mean) or math.isnan(moments.m2):
+            return rejected(mean != -math.inf, mean, n, k, extra, c_range)
+        delta_k = delta * (p - 1.0) / (p * k**p)
+        std = math.sqrt(max(moments.m2, 0.0) / n)
+        if n >= n_total:
+            bound = 0.0
+            break
+        bound = bernstein_bound(
+            std, n, n_total, delta_k, c_range, bernstein_serfling=bernstein_serfling
+        )
+        if abs(mean - psi) > bound:
+            break
+        target = min(n_total, max(n + 1, math.ceil(gamma * n)))
+    return MHSubLhdOutcome(
+        accepted=bool(mean > psi),
+        batch_size=n,
+        rounds=k,
+        full_data=n >= n_total,
+        nonfinite=False,
+        extra_evaluations=extra,
+        psi=psi,
+        mean=mean,
+        std=std,
+        bound=bound,
+        delta_k=delta_k,
+        range_bound=c_range,
+    )
