@@ -28,6 +28,7 @@ class RandomWalkProposal:
         ``dim × dim`` covariance matrix.
     dim : int
         Dimension of the flattened block of variables.
+
     """
 
     def __init__(self, S: ArrayLike | None, dim: int) -> None:
@@ -94,6 +95,7 @@ class ScalingTuner:
         Offset that damps the first updates.
     kappa : float
         Decay exponent of the step sizes, in (0.5, 1].
+
     """
 
     initial: float
