@@ -1,19 +1,29 @@
 """Minibatch Metropolis-Hastings acceptance tests as PyMC step methods.
 
 The main entry point is :class:`MinibatchBarker`, the minibatch Barker test of Seita et al.
-(UAI 2017). The acceptance tests themselves, the correction distribution, row sampling
-and error bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC
-adapter in :mod:`pymc_minibatch_mh.adapter`.
+(UAI 2017). The baselines from the same literature share its interface and stats:
+:class:`AustereMH` (Korattikara et al. 2014), :class:`MHSubLhd` (Bardenet et al. 2014) and
+:class:`ExactMH` (full-data Metropolis or Barker tests).
+
+The acceptance tests themselves, the correction distribution, row sampling and error
+bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapter in
+:mod:`pymc_minibatch_mh.adapter`.
 """
 
 from pymc_minibatch_mh.adapter.likelihood import ModelNotSupportedError
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
+from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
+from pymc_minibatch_mh.step_methods.exact import ExactMH
+from pymc_minibatch_mh.step_methods.subsampling import MHSubLhd
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AustereMH",
     "CorrectionDistribution",
+    "ExactMH",
+    "MHSubLhd",
     "MinibatchBarker",
     "ModelNotSupportedError",
     "__version__",

@@ -27,13 +27,16 @@ def tempered_posterior(x, temperature):
     return mean, 1 / math.sqrt(precision)
 
 
-def run(x, temperature, step_sd_ratio, draws, batch_size, seed=1):
+def run(x, temperature, step_sd_ratio, draws, batch_size, seed=1, step_class=None, **kwargs):
     mean, sd = tempered_posterior(x, temperature)
+    step_class = step_class or MinibatchBarker
     with pm.Model():
         mu = pm.Normal("mu", M0, S0)
         pm.Normal("x", mu, SIGMA_X, observed=x)
-        step = MinibatchBarker(
-            batch_size=batch_size, temperature=temperature, S=[step_sd_ratio * sd], tune=False
+        if batch_size is not None:
+            kwargs["batch_size"] = batch_size
+        step = step_class(
+            temperature=temperature, S=[step_sd_ratio * sd], tune=False, **kwargs
         )
         idata = pm.sample(
             draws=draws, tune=300, step=step, chains=4, cores=1,

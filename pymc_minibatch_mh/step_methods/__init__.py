@@ -1,5 +1,8 @@
 """The PyMC step methods: thin classes on :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`."""
 
+from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
+from pymc_minibatch_mh.step_methods.exact import ExactMH
+from pymc_minibatch_mh.step_methods.subsampling import MHSubLhd
 
-__all__ = ["MinibatchBarker"]
+__all__ = ["AustereMH", "ExactMH", "MHSubLhd", "MinibatchBarker"]

@@ -1,0 +1,84 @@
+"""``ExactMH``: full-data Metropolis or Barker tests, the reference for the minibatch tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.source import PairSource
+from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
+
+__all__ = ["ExactMH"]
+
+
+class ExactMH(MinibatchStep):
+    r"""Random-walk Metropolis-Hastings with an exact test on all N observations.
+
+    The same proposal, temperature, tuning and stats as the minibatch step methods, so
+    that a comparison is like with like; every step evaluates all N rows
+    (``batch_size = N``).
+
+    Parameters
+    ----------
+    vars : list of Variable, optional
+        Continuous variables to sample as one block (default: all free variables).
+    test : {"metropolis", "barker"}, default "metropolis"
+        Metropolis' acceptance ``min(1, e^Δ)`` or Barker's ``1/(1 + e^{−Δ})`` (the test
+        that :class:`~pymc_minibatch_mh.MinibatchBarker` approximates).
+    temperature, S, scaling, tune, target_accept, model, rng, initial_point, mode, check_start
+        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
+
+    Notes
+    -----
+    Test-specific sample stats: ``delta`` (Δ) and ``log_u`` (the log uniform of the
+    Metropolis test; NaN for Barker's). ``accept`` is the exact acceptance probability.
+    """
+
+    name = "exact_mh"
+    test_stats = {"delta": (np.float64, []), "log_u": (np.float64, [])}
+
+    def __init__(
+        self,
+        vars: Sequence[Any] | None = None,
+        *,
+        test: Literal["metropolis", "barker"] = "metropolis",
+        temperature: float = 1.0,
+        S: ArrayLike | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float = 0.25,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: Any = None,
+        check_start: bool = True,
+        blocked: bool = True,
+    ) -> None:
+        if test not in ("metropolis", "barker"):
+            raise ValueError(f"test must be 'metropolis' or 'barker', got {test!r}.")
+        self.test = test
+        super().__init__(
+            vars,
+            batch_size=1,
+            temperature=temperature,
+            S=S,
+            scaling=scaling,
+            tune=tune,
+            target_accept=target_accept,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            mode=mode,
+            check_start=check_start,
+            prefetch=1,
+        )
+
+    def _decide(self, source: PairSource, data_free: float) -> ExactOutcome:
+        return exact_test(self.rng, source, data_free, test=self.test)
+
+    def _test_stat_values(self, outcome: ExactOutcome) -> dict[str, Any]:
+        return {"delta": outcome.delta, "log_u": outcome.log_u}
