@@ -344,3 +344,25 @@ def test_error_step_from_another_model(reg_step):
     clone._start_chain(np.random.default_rng(0))
     with pytest.raises(ModelNotSupportedError, match="missing or have other shapes"):
         clone.step({"a": np.zeros(3), "b": 0.0, "s_log__": 0.0})
+
+
+def test_temperature_schedule(reg_model):
+    from pymc_minibatch_mh import TemperatureSchedule
+
+    schedule = TemperatureSchedule([(0, 100.0), (30, 2.0, 0.1)])
+    with reg_model:
+        step = MinibatchBarker(batch_size=50, temperature=schedule, S=[0.02] * 3, tune=False)
+        idata = pm.sample(draws=40, tune=10, step=step, chains=2, discard_tuned_samples=False,
+                          **sample_kwargs())
+    temps = np.concatenate(
+        [np.asarray(idata["warmup_sample_stats"]["temperature"]),
+         np.asarray(sample_stats(idata)["temperature"])], axis=1)
+    scal = np.concatenate(
+        [np.asarray(idata["warmup_sample_stats"]["scaling"]),
+         np.asarray(sample_stats(idata)["scaling"])], axis=1)
+    assert np.all(temps[:, :30] == 100.0) and np.all(temps[:, 30:] == 2.0)
+    np.testing.assert_allclose(scal[:, 30:], 0.1 * scal[:, :30].mean())
+    with pytest.raises(ValueError, match="start at iteration 0"):
+        TemperatureSchedule([(5, 1.0)])
+    with pytest.raises(ValueError, match="positive"):
+        TemperatureSchedule([(0, -1.0)])

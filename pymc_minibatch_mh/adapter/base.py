@@ -27,6 +27,7 @@ from pymc.vartypes import continuous_types
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal, ScalingTuner
+from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource, PrefetchPolicy
 from pymc_minibatch_mh.core.barker import TestOutcome
 from pymc_minibatch_mh.core.rows import ShuffledRows
@@ -57,8 +58,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         Continuous variables to sample, as one block. Default: all free variables.
     batch_size : int
         Rows drawn per round (the first minibatch has this size too).
-    temperature : float
-        K ≥ ... > 0: the likelihood is raised to 1/K; the prior is not.
+    temperature : float or TemperatureSchedule
+        K > 0: the likelihood is raised to 1/K; the prior is not. A
+        :class:`~pymc_minibatch_mh.adapter.schedule.TemperatureSchedule` changes K (and
+        multiplies the proposal scale) at given iterations of each chain.
     S : array_like, optional
         Proposal standard deviations (vector) or covariance (matrix) on the flattened,
         transformed space, as in ``pm.Metropolis``. Default: ones.
@@ -118,7 +121,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         vars: Sequence[Any] | None = None,
         *,
         batch_size: int = 100,
-        temperature: float = 1.0,
+        temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,
@@ -134,6 +137,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         model = modelcontext(model)
         if vars is None:
             vars = model.value_vars
+        self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
+        if self.schedule is not None:
+            temperature = self.schedule(0)[0]
         self._validate_settings(batch_size=batch_size, temperature=temperature)
         self.batch_size = int(batch_size)
         self.likelihood = MinibatchLikelihood(
@@ -197,6 +203,11 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._chain_steps = 0
         self._chain_batch_total = 0
         self._chain_accepted = 0
+        self._step_factor = 1.0
+        self._next_change: int | None = None
+        if self.schedule is not None:
+            self.temperature, self._step_factor = self.schedule(0)
+            self._next_change = self.schedule.next_change(0)
 
     def reset_tuning(self) -> None:
         """Reset the proposal scale to its initial value (called by PyMC per chain)."""
@@ -227,9 +238,12 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             if self.check_start:
                 lik.check_point(point, self._n_rows)
             self._chain_started = True
+        if self._next_change is not None and self._chain_steps >= self._next_change:
+            self.temperature, self._step_factor = self.schedule(self._chain_steps)
+            self._next_change = self.schedule.next_change(self._chain_steps)
         lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
-        x_prop = x_cur + self.scaling * self.proposal(self.rng)
+        x_prop = x_cur + (self.scaling * self._step_factor) * self.proposal(self.rng)
         data_free = lik.prior_delta(x_cur, x_prop)
         source = self._source
         source.begin(x_cur, x_prop, self._inv_temperature)
@@ -256,7 +270,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "full_data": outcome.full_data,
             "nonfinite": outcome.nonfinite,
             "extra_evaluations": outcome.extra_evaluations,
-            "scaling": self.scaling,
+            "scaling": self.scaling * self._step_factor,
             "temperature": self._temperature,
             "tune": self.tune,
             "mean_batch_size": self._chain_batch_total / self._chain_steps,

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.austere import (
     DEFAULT_BATCH_SIZES,
@@ -94,7 +95,7 @@ class AustereMH(MinibatchStep):
         error_bound: float = 0.05,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
-        temperature: float = 1.0,
+        temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.barker import BarkerOutcome, barker_test
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
@@ -37,9 +38,11 @@ class MinibatchBarker(MinibatchStep):
     sigma : float, default 1.0
         σ of the normal part, ``0 < σ < π/√3``. Larger σ allows smaller minibatches
         (the test needs ``s² < σ²``) at the price of a larger correction-table error.
-    temperature : float, default 1.0
+    temperature : float or TemperatureSchedule, default 1.0
         K: the likelihood is raised to ``1/K`` (the prior is not). Since ``s²`` scales as
-        ``1/K²``, high temperatures allow small minibatches.
+        ``1/K²``, high temperatures allow small minibatches. A
+        :class:`~pymc_minibatch_mh.TemperatureSchedule` changes K (and the proposal scale)
+        at given iterations, e.g. tempered exploration followed by sampling at K = 1.
     S : array_like, optional
         Proposal standard deviations (vector) or covariance matrix on the flattened,
         transformed space, as in ``pm.Metropolis``. Default: ones.
@@ -113,7 +116,7 @@ class MinibatchBarker(MinibatchStep):
         *,
         batch_size: int = 100,
         sigma: float = 1.0,
-        temperature: float = 1.0,
+        temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,

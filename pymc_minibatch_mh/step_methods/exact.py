@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 
@@ -46,7 +47,7 @@ class ExactMH(MinibatchStep):
         vars: Sequence[Any] | None = None,
         *,
         test: Literal["metropolis", "barker"] = "metropolis",
-        temperature: float = 1.0,
+        temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,

@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
@@ -83,7 +84,7 @@ class MHSubLhd(MinibatchStep):
         p: float = 2.0,
         range_bound: RangeBound | None = None,
         bernstein_serfling: bool = True,
-        temperature: float = 1.0,
+        temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,
