@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.austere import (
     DEFAULT_BATCH_SIZES,
@@ -55,10 +53,10 @@ class AustereMH(MinibatchStep):
         Bound on the test's error used by the conservative and adaptive designs.
     batch_sizes, epsilons : sequence
         The design grid (default: Seita et al.'s, m ∈ {50, ..., 500}, ε ∈ {0.001, ..., 0.2}).
-    temperature, S, scaling, tune, target_accept
-        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
-    model, rng, initial_point, mode, check_start, prefetch
-        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
+    **kwargs
+        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
+        ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
+        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
 
     Notes
     -----
@@ -95,18 +93,7 @@ class AustereMH(MinibatchStep):
         error_bound: float = 0.05,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
-        temperature: float | TemperatureSchedule = 1.0,
-        S: ArrayLike | None = None,
-        scaling: float = 1.0,
-        tune: bool = True,
-        target_accept: float = 0.25,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        prefetch: int | str = "auto",
-        blocked: bool = True,
+        **kwargs: Any,
     ) -> None:
         if design not in ("fixed", "conservative", "adaptive"):
             raise ValueError(
@@ -125,19 +112,7 @@ class AustereMH(MinibatchStep):
         self._design_n: int | None = None
         self._table: Any = None
         super().__init__(
-            vars,
-            batch_size=batch_size if design == "fixed" else min(self.batch_sizes),
-            temperature=temperature,
-            S=S,
-            scaling=scaling,
-            tune=tune,
-            target_accept=target_accept,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            mode=mode,
-            check_start=check_start,
-            prefetch=prefetch,
+            vars, batch_size=batch_size if design == "fixed" else min(self.batch_sizes), **kwargs
         )
 
     def _start_chain(self, rng: Any) -> None:

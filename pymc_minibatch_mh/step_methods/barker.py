@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.barker import BarkerOutcome, barker_test
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
@@ -67,7 +65,8 @@ class MinibatchBarker(MinibatchStep):
         The correction distribution; by default the table shipped for ``sigma`` (or one
         built on the fly). Its L∞ error is ``step.correction.error``.
     model, rng, initial_point, mode, check_start, prefetch
-        See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`.
+        See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`; every step method
+        takes these, and ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``.
 
     Notes
     -----
@@ -116,21 +115,10 @@ class MinibatchBarker(MinibatchStep):
         *,
         batch_size: int = 100,
         sigma: float = 1.0,
-        temperature: float | TemperatureSchedule = 1.0,
-        S: ArrayLike | None = None,
-        scaling: float = 1.0,
-        tune: bool = True,
-        target_accept: float = 0.25,
         tolerance: float | None = None,
         early_decision: float | None = None,
         correction: CorrectionDistribution | None = None,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        prefetch: int | str = "auto",
-        blocked: bool = True,
+        **kwargs: Any,
     ) -> None:
         if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
             raise ValueError(
@@ -154,21 +142,7 @@ class MinibatchBarker(MinibatchStep):
         self.sigma = float(sigma)
         self.tolerance = tolerance
         self.early_decision = early_decision
-        super().__init__(
-            vars,
-            batch_size=batch_size,
-            temperature=temperature,
-            S=S,
-            scaling=scaling,
-            tune=tune,
-            target_accept=target_accept,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            mode=mode,
-            check_start=check_start,
-            prefetch=prefetch,
-        )
+        super().__init__(vars, batch_size=batch_size, **kwargs)
 
     def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
         return barker_test(

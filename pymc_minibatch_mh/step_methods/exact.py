@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 
@@ -30,8 +28,10 @@ class ExactMH(MinibatchStep):
     test : {"metropolis", "barker"}, default "metropolis"
         Metropolis' acceptance ``min(1, e^Δ)`` or Barker's ``1/(1 + e^{−Δ})`` (the test
         that :class:`~pymc_minibatch_mh.MinibatchBarker` approximates).
-    temperature, S, scaling, tune, target_accept, model, rng, initial_point, mode, check_start
-        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
+    **kwargs
+        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
+        ``initial_point``, ``mode``, ``check_start``: as for every step method
+        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
 
     Notes
     -----
@@ -47,36 +47,13 @@ class ExactMH(MinibatchStep):
         vars: Sequence[Any] | None = None,
         *,
         test: Literal["metropolis", "barker"] = "metropolis",
-        temperature: float | TemperatureSchedule = 1.0,
-        S: ArrayLike | None = None,
-        scaling: float = 1.0,
-        tune: bool = True,
-        target_accept: float = 0.25,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        blocked: bool = True,
+        **kwargs: Any,
     ) -> None:
         if test not in ("metropolis", "barker"):
             raise ValueError(f"test must be 'metropolis' or 'barker', got {test!r}.")
         self.test = test
-        super().__init__(
-            vars,
-            batch_size=1,
-            temperature=temperature,
-            S=S,
-            scaling=scaling,
-            tune=tune,
-            target_accept=target_accept,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            mode=mode,
-            check_start=check_start,
-            prefetch=1,
-        )
+        # One request of all N rows per step: batch_size 1 is never used for growth.
+        super().__init__(vars, batch_size=1, prefetch=1, **kwargs)
 
     def _decide(self, source: PairSource, data_free: float) -> ExactOutcome:
         return exact_test(self.rng, source, data_free, test=self.test)

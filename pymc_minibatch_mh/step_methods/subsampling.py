@@ -6,10 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
@@ -49,10 +47,10 @@ class MHSubLhd(MinibatchStep):
     bernstein_serfling : bool, default True
         Multiply the first term of the bound by ``√(1 − (n − 1)/N)`` (sampling without
         replacement).
-    temperature, S, scaling, tune, target_accept
-        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
-    model, rng, initial_point, mode, check_start, prefetch
-        As for :class:`~pymc_minibatch_mh.MinibatchBarker`.
+    **kwargs
+        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
+        ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
+        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
 
     Notes
     -----
@@ -84,18 +82,7 @@ class MHSubLhd(MinibatchStep):
         p: float = 2.0,
         range_bound: RangeBound | None = None,
         bernstein_serfling: bool = True,
-        temperature: float | TemperatureSchedule = 1.0,
-        S: ArrayLike | None = None,
-        scaling: float = 1.0,
-        tune: bool = True,
-        target_accept: float = 0.25,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        prefetch: int | str = "auto",
-        blocked: bool = True,
+        **kwargs: Any,
     ) -> None:
         if not (0.0 < delta < 1.0):
             raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
@@ -108,21 +95,7 @@ class MHSubLhd(MinibatchStep):
         self.p = float(p)
         self.range_bound = range_bound
         self.bernstein_serfling = bool(bernstein_serfling)
-        super().__init__(
-            vars,
-            batch_size=batch_size,
-            temperature=temperature,
-            S=S,
-            scaling=scaling,
-            tune=tune,
-            target_accept=target_accept,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            mode=mode,
-            check_start=check_start,
-            prefetch=prefetch,
-        )
+        super().__init__(vars, batch_size=batch_size, **kwargs)
 
     def _decide(self, source: PairSource, data_free: float) -> MHSubLhdOutcome:
         bound: Any = None
