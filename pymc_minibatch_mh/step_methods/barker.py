@@ -75,7 +75,8 @@ class MinibatchBarker(MinibatchStep):
     the normal-approximation error), ``edgeworth`` (sharper Edgeworth estimate of it),
     ``delta_star`` (Δ*), ``delta_variance`` (s²), ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
-    ``scaling``, ``temperature``, ``tune``.
+    ``scaling`` (the effective proposal scale), ``temperature``, and the chain's running
+    ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).
 
     References
     ----------
