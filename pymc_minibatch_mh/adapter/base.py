@@ -188,6 +188,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     # ------------------------------------------------------------- chain hooks
     def _start_chain(self, rng: Any) -> None:
         self.rng = rng
+        self.likelihood.check_model_unchanged()
         self._n_rows = self.likelihood.n_rows()
         if self.batch_size > self._n_rows:
             raise ValueError(
@@ -286,6 +287,11 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         entries = self.likelihood.point_map.entries
         wrong = [
             e.name for e in entries if e.name not in point or np.shape(point[e.name]) != e.shape
+        ]
+        wrong += [
+            name
+            for name, shared in self.likelihood.other_shared.items()
+            if name not in point or np.shape(point[name]) != np.shape(shared.get_value())
         ]
         context = Model.get_context(error_if_none=False)
         other = (

@@ -28,12 +28,15 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
+from pymc.logprob.utils import CheckParameterValue
 from pymc.pytensorf import make_shared_replacements
 from pymc.util import get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
+from pytensor.scalar.basic import Cast as ScalarCast
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 
 from pymc_minibatch_mh.adapter.compat import default_mode
@@ -67,6 +70,7 @@ class PointMap:
         Value-variable names, in the order of the flat vector.
     point : dict
         A point giving each variable's shape and dtype.
+
     """
 
     def __init__(self, names: Sequence[str], point: Mapping[str, Any]) -> None:
@@ -94,6 +98,22 @@ class PointMap:
         for e in self.entries:
             new[e.name] = flat[e.start : e.start + e.size].reshape(e.shape).astype(e.dtype)
         return new
+
+
+def _observed_source(var: Variable) -> Variable:
+    """The array behind an observed value: ``var`` with dtype casts removed.
+
+    PyMC casts observed data to the variable's dtype (``pm.Data`` stores integers as int32,
+    a Poisson or Bernoulli variable is int64), so the value of an observed variable given
+    as ``pm.Data`` is often ``Cast(shared)``; the cast is applied row by row as well.
+    """
+    while (
+        var.owner is not None
+        and isinstance(var.owner.op, Elemwise)
+        and isinstance(var.owner.op.scalar_op, ScalarCast)
+    ):
+        var = var.owner.inputs[0]
+    return var
 
 
 def _is_data(var: Variable) -> bool:
@@ -140,6 +160,36 @@ def clone_replace(
     return result[0] if single else result
 
 
+def _checks_as_ninf(outputs: Sequence[Variable]) -> list[Variable]:
+    """Rebuild ``outputs`` with PyMC's parameter checks turned into ``-inf``, not errors.
+
+    PyMC's log-probability graphs raise ``ParameterValueError`` for invalid parameters
+    (``sigma <= 0``, ...); PyMC's own compiled functions (``pymc.pytensorf.compile``) turn
+    those checks into a switch to ``-inf`` (the same rewrite, applied here to the graph), so
+    such a proposal is rejected instead of stopping the chain with an exception. The graph
+    is rebuilt, not rewritten in place: nodes shared with the model are left untouched.
+    """
+    outs = list(outputs)
+    memo: dict[Variable, Variable] = {}
+    for node in io_toposort(list(graph_inputs(outs)), outs):
+        new_inputs = [memo.get(i, i) for i in node.inputs]
+        if isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf:
+            expr, *conds = new_inputs
+            if all(isinstance(c, Constant) and np.all(c.data) for c in conds):
+                memo[node.outputs[0]] = expr  # checks that always pass
+                continue
+            cond = conds[0] if len(conds) == 1 else pt.all(pt.stack(conds))
+            out = pt.switch(cond, expr, -np.inf)
+            memo[node.outputs[0]] = out.astype(node.outputs[0].dtype)
+            continue
+        if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
+            continue
+        new_outputs = node.op(*new_inputs, return_list=True)
+        for old, new in zip(node.outputs, new_outputs, strict=True):
+            memo[old] = new
+    return [memo.get(o, o) for o in outs]
+
+
 def _is_shape_constant(var: Constant, n: int) -> bool:
     data = np.asarray(var.data)
     return (
@@ -176,6 +226,7 @@ class MinibatchLikelihood:
         variables, no observed variable, ``pm.Minibatch``/``total_size``, imputed missing
         values, a likelihood term that cannot be split per observation, observed
         variables or covariates of disagreeing lengths, Potentials that use the data.
+
     """
 
     def __init__(
@@ -201,7 +252,7 @@ class MinibatchLikelihood:
             terms = [terms]
         self._check_terms_split(observed, terms)
         self.observed_names = [rv.name for rv in observed]
-        self._observed_data = [model.rvs_to_values[rv] for rv in observed]
+        self._observed_data = [_observed_source(model.rvs_to_values[rv]) for rv in observed]
         self.n_rows_initial = self._observed_length(self._observed_data)
 
         # Replace every length-N data array by data[rows], and the observation
@@ -218,8 +269,13 @@ class MinibatchLikelihood:
                 replacements[var] = pt.concatenate([pt.cast(n_batch, var.dtype)[None], rest])
                 continue
             if _is_data(var) and _leading_length(var) == n:
+                # A NumPy constant keeps its static trailing shape (a column x[:, None]
+                # must stay broadcastable), with the leading length left free.
                 shared = var if isinstance(var, SharedVariable) else pytensor.shared(
-                    _data_value(var), name=(var.name or "data") + "_rows", borrow=True
+                    _data_value(var),
+                    name=(var.name or "data") + "_rows",
+                    borrow=True,
+                    shape=(None, *var.type.shape[1:]),
                 )
                 self._row_data.append(shared)
                 replacements[var] = shared[rows]
@@ -284,6 +340,10 @@ class MinibatchLikelihood:
         )
 
         def compile_fn(inputs: list[Variable], outputs: Any, mode: Any = None) -> Any:
+            if isinstance(outputs, Variable):
+                (outputs,) = _checks_as_ninf([outputs])
+            else:
+                outputs = _checks_as_ninf(outputs)
             fn = pytensor.function(
                 inputs, outputs, mode=mode or self.mode, on_unused_input="ignore"
             )
@@ -296,6 +356,7 @@ class MinibatchLikelihood:
         self._prior_fn = compile_fn([flat], prior)
         self._full_fn = compile_fn([flat], full_loglik, mode="FAST_COMPILE")
         self._validate_split(point)
+        self._structure = self._model_structure()
 
     # ------------------------------------------------------------------ checks
     def _check_variables(self) -> None:
@@ -339,7 +400,7 @@ class MinibatchLikelihood:
                 "subsample those. Drop the rows with missing values (or impute them "
                 "beforehand) and pass complete data."
             )
-        for rv, data in ((rv, model.rvs_to_values[rv]) for rv in observed):
+        for rv, data in ((rv, _observed_source(model.rvs_to_values[rv])) for rv in observed):
             if not isinstance(data, SharedVariable | Constant):
                 raise ModelNotSupportedError(
                     f"The observed data of {rv.name!r} is a computed expression, not an array "
@@ -401,8 +462,39 @@ class MinibatchLikelihood:
             out.setdefault(shared.name or "data", _leading_length(shared))
         return out
 
+    def _model_structure(self) -> dict[str, list[str]]:
+        model = self.model
+        return {
+            "observed variables": [rv.name for rv in model.observed_RVs],
+            "Potentials": [pot.name for pot in model.potentials],
+        }
+
+    def check_model_unchanged(self) -> None:
+        """Refuse a model that gained observed variables or Potentials after compilation.
+
+        The likelihood and the data-free part are compiled once, when the step is built; a
+        term added to the model afterwards would be silently left out of every step.
+        """
+        now = self._model_structure()
+        changed = {k: (v, now[k]) for k, v in self._structure.items() if now[k] != v}
+        if changed:
+            detail = "; ".join(
+                f"{k}: {old} when built, {new} now" for k, (old, new) in changed.items()
+            )
+            raise ModelNotSupportedError(
+                f"The model changed after this {self.step_name} was built ({detail}). The "
+                "step compiles the model's terms once and would leave the new ones out: "
+                f"create the {self.step_name} after the model is complete (build it again "
+                "after adding variables)."
+            )
+
     def n_rows(self) -> int:
-        """Current number of rows N (reads the data; checks that all lengths agree)."""
+        """Current number of rows N (reads the data; checks that all lengths agree).
+
+        Called at each chain start; also checks that the model has not gained observed
+        variables or Potentials since the step was built (:meth:`check_model_unchanged`).
+        """
+        self.check_model_unchanged()
         lengths = {k: v for k, v in self.data_lengths().items() if v is not None}
         distinct = set(lengths.values())
         if len(distinct) != 1:
@@ -413,49 +505,101 @@ class MinibatchLikelihood:
             )
         return distinct.pop()
 
+    def _validation_points(
+        self, point: Mapping[str, Any], rng: np.random.Generator
+    ) -> list[dict[str, Any]]:
+        """``point`` and two random points around it (continuous variables jittered).
+
+        Checking at the start point alone can miss a term that does not split per
+        observation when a parameter happens to hide it there (``b * (x - x.mean())``
+        with ``b = 0`` at the start point).
+        """
+        points = [dict(point)]
+        for scale in (0.5, 1.5):
+            jittered = dict(point)
+            for var in self.model.value_vars:
+                value = np.asarray(point.get(var.name))
+                if var.name in point and value.dtype.kind == "f":
+                    noise = rng.standard_normal(value.shape) * scale * (1.0 + 0.1 * np.abs(value))
+                    jittered[var.name] = (value + noise).astype(value.dtype)
+            points.append(jittered)
+        return points
+
+    @staticmethod
+    def _validation_subsets(n: int, rng: np.random.Generator) -> list[NDArray[np.int64]]:
+        """Row subsets that differ from the whole data set, in the orders a step uses.
+
+        A prefix, single rows, and random subsets in random (unsorted) order, all of them
+        proper subsets of the N rows: with N ≤ 64 a subset of 64 rows would be all rows
+        in their own order and would not reveal cumulative sums or whole-data summaries.
+        """
+        k = max(1, min(n - 1, 64))
+        subsets = [
+            np.arange(min(n - 1, 3), dtype=np.int64),
+            np.array([n - 1], dtype=np.int64),
+            rng.permutation(n)[:k].astype(np.int64),
+            rng.permutation(n)[: max(1, min(n - 1, 5))].astype(np.int64),
+        ]
+        subsets += [np.array([i], dtype=np.int64) for i in rng.choice(n, min(n, 4), replace=False)]
+        return subsets
+
     def _validate_split(self, point: Mapping[str, Any]) -> None:
-        """Check once that the sliced per-row terms equal the model's own terms."""
-        self.set_others(point)
-        x = self.point_map.to_flat(point)
+        """Check that the sliced per-row terms equal the model's own terms.
+
+        At the start point and at two random points around it, on proper subsets of the
+        rows (prefix, single rows, random subsets in random order).
+        """
+        rng = np.random.default_rng(20170811)
+        n = self.n_rows_initial
+        subsets = self._validation_subsets(n, rng)
         try:
-            full = np.asarray(self._full_fn(x))
+            for i, vpoint in enumerate(self._validation_points(point, rng)):
+                self.set_others(vpoint)
+                x = self.point_map.to_flat(vpoint)
+                try:
+                    full = np.asarray(self._full_fn(x))
+                except Exception as err:  # noqa: BLE001 - re-raised with context
+                    if i > 0:
+                        continue  # a random point the model cannot evaluate: skip it
+                    raise ModelNotSupportedError(
+                        "Evaluating the model's log-likelihood failed ("
+                        f"{err.__class__.__name__}: {str(err).splitlines()[0]}). Lengths of "
+                        f"the observation dimension found: {self.data_lengths()}. Check that "
+                        "the observed data and all covariates have the same number of rows."
+                    ) from err
+                if full.shape != (n,):
+                    raise ModelNotSupportedError(
+                        f"The likelihood has shape {full.shape}, not one value per row of the "
+                        f"{n} observations, so it cannot be split per observation."
+                    )
+                for rows in subsets:
+                    self._validate_rows(x, rows, full)
+        finally:
+            self.set_others(point)
+
+    def _validate_rows(
+        self, x: NDArray[np.float64], rows: NDArray[np.int64], full: NDArray[np.float64]
+    ) -> None:
+        try:
+            part = np.asarray(self._rows_fn(x, rows))
         except Exception as err:  # noqa: BLE001 - re-raised with context
             raise ModelNotSupportedError(
-                f"Evaluating the model's log-likelihood failed ({err.__class__.__name__}: "
-                f"{str(err).splitlines()[0]}). Lengths of the observation dimension found: "
-                f"{self.data_lengths()}. Check that the observed data and all covariates have "
-                "the same number of rows."
+                "The likelihood cannot be split per observation: evaluating it on a subset "
+                f"of rows failed ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+                "Every term of an observed variable must depend on its own row of the "
+                "data and covariates only (no per-observation latent variables, no "
+                "whole-data summaries such as x - x.mean() inside the model)."
             ) from err
-        n = self.n_rows_initial
-        if full.shape != (n,):
+        if part.shape != rows.shape or not np.isclose(
+            part, full[rows], rtol=1e-8, atol=1e-10, equal_nan=True
+        ).all():
             raise ModelNotSupportedError(
-                f"The likelihood has shape {full.shape}, not one value per row of the {n} "
-                "observations, so it cannot be split per observation."
+                "The likelihood cannot be split per observation: its value for a row "
+                "changes when it is evaluated with other rows. Every term must depend "
+                "on its own row of the data only; compute whole-data summaries (means, "
+                "scalings, sorting, cumulative sums, lags) beforehand and pass them as data, "
+                "or sample this model with NUTS."
             )
-        rng = np.random.default_rng(20170811)
-        k = min(n, 64)
-        subsets = [np.arange(min(n, 3), dtype=np.int64), np.sort(rng.choice(n, k, replace=False))]
-        for rows in subsets:
-            try:
-                part = np.asarray(self._rows_fn(x, rows))
-            except Exception as err:  # noqa: BLE001 - re-raised with context
-                raise ModelNotSupportedError(
-                    "The likelihood cannot be split per observation: evaluating it on a subset "
-                    f"of rows failed ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
-                    "Every term of an observed variable must depend on its own row of the "
-                    "data and covariates only (no per-observation latent variables, no "
-                    "whole-data summaries such as x - x.mean() inside the model)."
-                ) from err
-            ok = np.isclose(part, full[rows], rtol=1e-8, atol=1e-10) | (
-                ~np.isfinite(full[rows]) & (part == full[rows])
-            )
-            if part.shape != rows.shape or not ok.all():
-                raise ModelNotSupportedError(
-                    "The likelihood cannot be split per observation: its value for a row "
-                    "changes when it is evaluated with other rows. Every term must depend "
-                    "on its own row of the data only; compute whole-data summaries (means, "
-                    "scalings, sorting, lags) beforehand and pass them as data."
-                )
 
     # --------------------------------------------------------------- per step
     def set_others(self, point: Mapping[str, Any]) -> None:
@@ -480,6 +624,7 @@ class MinibatchLikelihood:
         -------
         tuple of numpy.ndarray
             ``(l, cumsum(l − l[0]), cumsum((l − l[0])²))``.
+
         """
         return self._delta_fn(x_cur, x_prop, rows, inv_temperature)
 
@@ -497,6 +642,13 @@ class MinibatchLikelihood:
 
     def check_point(self, point: Mapping[str, Any], n_rows: int) -> None:
         """Raise a clear error if the log-probability at ``point`` is not finite (O(N) once)."""
+        missing = [name for name in self.other_shared if name not in point]
+        if missing:
+            raise ModelNotSupportedError(
+                f"The point has no values for {missing}, which the model of this "
+                f"{self.step_name} has: the step was built for another model. Create the "
+                "step inside `with model:` of the model you sample."
+            )
         self.set_others(point)
         x = self.point_map.to_flat(point)
         prior = float(self._prior_fn(x))

@@ -40,7 +40,7 @@ def chunk_moments(values: NDArray[np.float64]) -> tuple[float, float]:
         ``(mean, m2)`` with ``m2 = sum((values - mean) ** 2)``.
 
     """
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         mean = float(values.mean())
         dev = values - mean
         return mean, float(np.add.reduce(dev * dev))
