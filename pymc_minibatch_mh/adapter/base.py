@@ -245,9 +245,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
         x_prop = x_cur + (self.scaling * self._step_factor) * self.proposal(self.rng)
-        data_free = lik.prior_delta(x_cur, x_prop)
         source = self._source
-        source.begin(x_cur, x_prop, self._inv_temperature)
+        data_free = source.begin(x_cur, x_prop, self._inv_temperature)
         outcome = self._decide(source, data_free)
         source.finish(outcome.rounds)
         if outcome.nonfinite and not self._warned_nonfinite:

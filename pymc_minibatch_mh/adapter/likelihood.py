@@ -7,7 +7,7 @@ vector of row indices, the sampled variables are read from one flat float64 vect
 all other free variables from shared variables set at each step. Everything a step needs
 is then one call of a function compiled once:
 
-``delta(x_cur, x_prop, rows, inv_temperature) -> (l, cumsum(l − l₀), cumsum((l − l₀)²))``
+``delta(x_cur, x_prop, rows, inv_temperature) -> (l, cumsum(l − l₀), cumsum((l − l₀)²), c)``
 with
 ``l_i = (1/K) [log p(x_i | θ') − log p(x_i | θ)]``, and the data-free part
 ``prior_delta(x_cur, x_prop) = log p0(θ') − log p0(θ)`` (priors, Jacobians, Potentials).
@@ -350,7 +350,11 @@ class MinibatchLikelihood:
             fn.trust_input = True
             return fn
 
-        self._delta_fn = compile_fn([x_cur, x_prop, rows, inv_temperature], [ratios, csum, csum_sq])
+        # The data-free part comes with every block of rows: one call per block, and no
+        # separate call for it per step (it costs a few scalar operations).
+        self._delta_fn = compile_fn(
+            [x_cur, x_prop, rows, inv_temperature], [ratios, csum, csum_sq, prior_delta]
+        )
         self._prior_delta_fn = compile_fn([x_cur, x_prop], prior_delta)
         self._rows_fn = compile_fn([flat, rows], row_loglik)
         self._prior_fn = compile_fn([flat], prior)
@@ -623,7 +627,8 @@ class MinibatchLikelihood:
         Returns
         -------
         tuple of numpy.ndarray
-            ``(l, cumsum(l − l[0]), cumsum((l − l[0])²))``.
+            ``(l, cumsum(l − l[0]), cumsum((l − l[0])²), log p0(θ') − log p0(θ))``, the last
+            a 0-d array (the data-free part, see :meth:`prior_delta`).
 
         """
         return self._delta_fn(x_cur, x_prop, rows, inv_temperature)

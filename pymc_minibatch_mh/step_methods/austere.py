@@ -127,6 +127,7 @@ class AustereMH(MinibatchStep):
             )
             self.batch_size = self.chosen_design.batch_size
             self.epsilon = self.chosen_design.epsilon
+            self._source.policy.reset(self.batch_size)
         elif self.design == "adaptive":
             self._table = design_table(n, self.error_bound, self.batch_sizes, self.epsilons)
         self._design_n = n
