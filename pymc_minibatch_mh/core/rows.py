@@ -73,7 +73,8 @@ class ShuffledRows:
             self.rng.shuffle(self.order)
             self.since_shuffle = 0
             self.shuffles += 1
-        self.start = int(self.rng.integers(self.n_rows))
+        # One uniform draw (cheaper than Generator.integers for a scalar); exact for N < 2**53.
+        self.start = min(int(self.rng.random() * self.n_rows), self.n_rows - 1)
         self.used = 0
 
     @property
