@@ -448,6 +448,7 @@ def write_report(args: argparse.Namespace, wall_seconds: float | None) -> Path:
         for png in sorted(base.glob("*.png")):
             lines += [f"![{png.stem}]({name}/{png.name})", ""]
     path = args.out / "report.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -474,17 +475,31 @@ def _reductions(name: str, rec: dict) -> str:
             + "; ".join(cut) + ".")
 
 
+#: What was checked about Table 3 cells that are not reproduced.
+KNOWN_TABLE3 = {
+    (4000, 1.1, 0.1): " (the same normal equations solved by Cholesky, by symmetric "
+                      "indefinite and by general LU all give 0.0190, so it is not rounding "
+                      "in this solve; the published value may be a slip for 1.9e-2)",
+}
+
+
 def _extra_commentary(name: str, res: dict) -> list[str]:
     if name == "table3":
-        ratios = [r["error"] / r["paper"] for r in res["ridge"] if r.get("paper")]
-        if not ratios:
+        rows = [r for r in res["ridge"] if r.get("paper")]
+        if not rows:
             return []
-        return [f"The ridge-then-clip errors reproduce the published ones to within a factor "
-                f"{max(max(ratios), 1 / min(ratios)):.2f} (this run / paper between "
-                f"{min(ratios):.2f} and {max(ratios):.2f}); the published values are given "
-                "to two significant digits. The package does not use these tables: its "
-                "linear-program tables are 10⁴-10⁷ times more accurate at the same σ "
-                "(second table), and their error is a floor under every test's error.", ""]
+        far = [r for r in rows if abs(r["error"] / r["paper"] - 1.0) > 0.05]
+        text = (f"{len(rows) - len(far)} of {len(rows)} ridge-then-clip errors are within 5% "
+                "of the published ones (given to two significant digits).")
+        if far:
+            text += " Not reproduced: " + "; ".join(
+                f"n = {r['n']}, σ = {r['sigma']:g}, λ = {r['lam']:g}: {r['error']:.2g} "
+                f"against {r['paper']:.2g}" + KNOWN_TABLE3.get(
+                    (r["n"], round(r["sigma"], 4), r["lam"]), "")
+                for r in far) + "."
+        return [text + " The package does not use these tables: its linear-program tables "
+                "are 10³-10⁵ times more accurate at the same σ (second table), and their "
+                "error is a floor under every test's error.", ""]
     if name == "sweep":
         out = []
         for sd, value in res["mean_batch_size"].items():

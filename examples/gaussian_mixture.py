@@ -27,7 +27,8 @@ writes to ``--out``:
   against the gridded true posterior), each next to the paper's numbers.
 
 The paper's full run is ``--methods barker,austere,mhsublhd --trials 10`` (about 1.5-2
-hours on two cores, almost all of it MHSubLhd's full pass per step).
+hours on two shared cores, almost all of it MHSubLhd's full pass per step);
+``--method-trials`` and ``--method-draws`` (e.g. ``mhsublhd=1``) run fewer for one method.
 Run ``python examples/gaussian_mixture.py --help`` for the options.
 """
 

