@@ -97,12 +97,15 @@ class PairSource:
     """
 
     __slots__ = (
-        "lik", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
+        "lik", "delta_fn", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
         "policy", "_block", "_csum", "_csum_sq", "_pos", "_len", "_used", "_data_free",
     )
 
     def __init__(self, lik: MinibatchLikelihood, policy: PrefetchPolicy) -> None:
         self.lik = lik
+        #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, cumsum(l − l0), cumsum((l − l0)²),
+        #: data_free)``: :meth:`MinibatchLikelihood.delta` unless an estimator replaces it.
+        self.delta_fn = lik.delta
         self.policy = policy
         self.rows: ShuffledRows | None = None
         self.x_cur: NDArray[np.float64] = np.empty(0)
@@ -152,7 +155,7 @@ class PairSource:
         room = self.n_total - self._used
         size = min(room, count * self.policy.rounds)
         idx = rows.take(size)  # type: ignore[union-attr]
-        self._block, self._csum, self._csum_sq, data_free = self.lik.delta(
+        self._block, self._csum, self._csum_sq, data_free = self.delta_fn(
             self.x_cur, self.x_prop, idx, self.inv_temperature
         )
         self._data_free = float(data_free)
