@@ -196,9 +196,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 f"N={self._n_rows}. Use a batch_size between 1 and N."
             )
         self._rows = self.likelihood.make_rows(self._n_rows, rng)
-        self._source.rows = self._rows
-        self._source.n_total = self._n_rows
-        self._source.policy.reset(self.batch_size)
+        self._source.start_chain(self._rows, self._n_rows, self.batch_size)
         self._chain_started = False
         self._warned_nonfinite = False
         self._chain_steps = 0
@@ -244,7 +242,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self._next_change = self.schedule.next_change(self._chain_steps)
         lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
-        x_prop = x_cur + (self.scaling * self._step_factor) * self.proposal(self.rng)
+        x_prop = self.proposal.propose(x_cur, self.scaling * self._step_factor, self.rng)
         source = self._source
         data_free = source.begin(x_cur, x_prop, self._inv_temperature)
         outcome = self._decide(source, data_free)
@@ -258,13 +256,16 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        new_point = lik.point_map.to_point(x_prop, point) if outcome.accepted else point
-        self._chain_steps += 1
+        accepted = outcome.accepted
+        new_point = lik.point_map.to_point(x_prop, point) if accepted else point
+        steps = self._chain_steps = self._chain_steps + 1
         self._chain_batch_total += outcome.batch_size
-        self._chain_accepted += outcome.accepted
+        if accepted:
+            self._chain_accepted += 1
+        accept = self._accept_prob(outcome)
         stats = {
-            "accepted": float(outcome.accepted),
-            "accept": self._accept_prob(outcome),
+            "accepted": 1.0 if accepted else 0.0,
+            "accept": accept,
             "batch_size": outcome.batch_size,
             "growth_rounds": outcome.rounds,
             "full_data": outcome.full_data,
@@ -273,12 +274,12 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "scaling": self.scaling * self._step_factor,
             "temperature": self._temperature,
             "tune": self.tune,
-            "mean_batch_size": self._chain_batch_total / self._chain_steps,
-            "accept_rate": self._chain_accepted / self._chain_steps,
+            "mean_batch_size": self._chain_batch_total / steps,
+            "accept_rate": self._chain_accepted / steps,
+            **self._test_stat_values(outcome),
         }
-        stats.update(self._test_stat_values(outcome))
         if self.tune and self._tune_enabled:
-            self.scaling = self.tuner.update(stats["accept"])
+            self.scaling = self.tuner.update(accept)
         return new_point, [stats]
 
     def _check_same_model(self, point: Mapping[str, Any]) -> None:

@@ -68,6 +68,19 @@ class RandomWalkProposal:
             return self.std * z
         return self.chol @ z  # type: ignore[operator]
 
+    def propose(
+        self, x: NDArray[np.float64], scaling: float, rng: np.random.Generator
+    ) -> NDArray[np.float64]:
+        """``x + scaling · ξ`` (the same numbers as ``x + scaling * self(rng)``)."""
+        z = rng.standard_normal(self.dim)
+        if self.std is not None:
+            z *= self.std
+        else:
+            z = self.chol @ z  # type: ignore[operator]
+        z *= scaling
+        z += x
+        return z
+
 
 @dataclass
 class ScalingTuner:

@@ -22,11 +22,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from pymc_minibatch_mh.adapter.kernel import NEED_MORE, barker_rounds, chunk_moments_fast
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
-from pymc_minibatch_mh.core.moments import chunk_moments
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
-__all__ = ["PairSource", "PrefetchPolicy"]
+__all__ = ["ARRANGE_MAX_BYTES", "PairSource", "PrefetchPolicy"]
+
+#: Largest data (observed and covariates, in bytes) that a chain copies in its row order.
+ARRANGE_MAX_BYTES: int = 2**30
 
 
 class PrefetchPolicy:
@@ -59,22 +62,25 @@ class PrefetchPolicy:
         """Forget the chain's history (start of a chain); ``batch_size`` is rows per round."""
         self.batch_size = batch_size
         self.rounds = self.fixed
-        self.counts = np.zeros(self.max_rounds * 4 + 2, dtype=np.int64)
+        # A list: incrementing a Python int is cheaper than a NumPy element, every step.
+        self.counts = [0] * (self.max_rounds * 4 + 2)
         self.steps = 0
 
     def record(self, rounds: int) -> None:
         """Record the number of rounds a step needed."""
         if not self.auto:
             return
-        self.counts[min(rounds, self.counts.size - 1)] += 1
+        counts = self.counts
+        counts[rounds if rounds < len(counts) else -1] += 1
         self.steps += 1
-        if self.steps % self.UPDATE_EVERY == 0:
+        if not self.steps % self.UPDATE_EVERY:
             self.rounds = self.best_rounds()
 
     def best_rounds(self) -> int:
         """The block size (in rounds) of least expected cost under the recorded rounds."""
-        r = np.arange(self.counts.size)
-        p = self.counts / max(1, self.counts.sum())
+        counts = np.asarray(self.counts, dtype=np.float64)
+        r = np.arange(counts.size)
+        p = counts / max(1.0, counts.sum())
         best, best_cost = 1, math.inf
         for k in range(1, self.max_rounds + 1):
             calls = np.ceil(np.maximum(r, 1) / k)
@@ -98,14 +104,22 @@ class PairSource:
 
     __slots__ = (
         "lik", "delta_fn", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
-        "policy", "_block", "_csum", "_csum_sq", "_pos", "_len", "_used", "_data_free",
+        "policy", "_block", "_pos", "_len", "_used", "_data_free", "_buf",
+        "arrange", "_arranged_at",
     )
 
     def __init__(self, lik: MinibatchLikelihood, policy: PrefetchPolicy) -> None:
         self.lik = lik
-        #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, cumsum(l − l0), cumsum((l − l0)²),
-        #: data_free)``: :meth:`MinibatchLikelihood.delta` unless an estimator replaces it.
-        self.delta_fn = lik.delta
+        #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, ..., data_free)``: the ratios
+        #: of the rows first and the data-free part (0-d) last; by default
+        #: :meth:`MinibatchLikelihood.delta`, called directly.
+        self.delta_fn = lik.delta_fast
+        self._buf = np.empty(0)
+        #: Keep the rows of the per-step function in the chain's row order (see
+        #: :meth:`MinibatchLikelihood.arrange_rows`); on when the data take at most
+        #: :data:`ARRANGE_MAX_BYTES` (the copy doubles their memory).
+        self.arrange = lik.row_bytes <= ARRANGE_MAX_BYTES
+        self._arranged_at = -1
         self.policy = policy
         self.rows: ShuffledRows | None = None
         self.x_cur: NDArray[np.float64] = np.empty(0)
@@ -121,6 +135,14 @@ class PairSource:
         self._len = 0
         self._used = 0
 
+    def start_chain(self, rows: ShuffledRows, n_total: int, batch_size: int) -> None:
+        """Start a chain: its row sampler, N and the rows per round of its test."""
+        self.rows = rows
+        self.n_total = n_total
+        self.policy.reset(batch_size)
+        self._arranged_at = -1
+        self._reset_block()
+
     def begin(
         self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64],
         inv_temperature: NDArray[np.float64],
@@ -135,7 +157,11 @@ class PairSource:
         self.inv_temperature = inv_temperature
         self.evaluated = 0
         self._reset_block()
-        self.rows.start_step()  # type: ignore[union-attr]
+        rows = self.rows
+        rows.start_step()  # type: ignore[union-attr]
+        if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
+            self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
+            self._arranged_at = rows.shuffles  # type: ignore[union-attr]
         self._fetch(self.policy.batch_size)
         return self._data_free
 
@@ -154,11 +180,12 @@ class PairSource:
             rows.give_back(unused)  # type: ignore[union-attr]
         room = self.n_total - self._used
         size = min(room, count * self.policy.rounds)
-        idx = rows.take(size)  # type: ignore[union-attr]
-        self._block, self._csum, self._csum_sq, data_free = self.delta_fn(
-            self.x_cur, self.x_prop, idx, self.inv_temperature
+        idx = (
+            rows.take_positions(size) if self.arrange else rows.take(size)  # type: ignore[union-attr]
         )
-        self._data_free = float(data_free)
+        out = self.delta_fn(self.x_cur, self.x_prop, idx, self.inv_temperature)
+        self._block = out[0]
+        self._data_free = float(out[-1])
         self.evaluated += size
         self._pos = 0
         self._len = size
@@ -172,17 +199,51 @@ class PairSource:
         self._pos = b
         self._used += count
         values = self._block[a:b]
-        s1 = float(self._csum[b - 1])
-        s2 = float(self._csum_sq[b - 1])
-        if a:
-            s1 -= float(self._csum[a - 1])
-            s2 -= float(self._csum_sq[a - 1])
-        mean = float(self._block[0]) + s1 / count
-        m2 = s2 - s1 * s1 / count
-        if not (math.isfinite(mean) and math.isfinite(m2)):
-            # −inf, +inf or NaN ratios: let the test see them as they are.
-            return (values, *chunk_moments(values))
-        return values, mean, max(m2, 0.0)
+        # The same arithmetic as the compiled Barker loop (so both give the same draws);
+        # −inf, +inf or NaN ratios give a non-finite mean or m2 that the test sees as is.
+        mean, m2 = chunk_moments_fast(values)
+        return values, mean, m2
+
+    def barker_rounds(
+        self, data_free: float, batch_size: int, sigma2: float, tolerance: float,
+        early_decision: float,
+    ) -> tuple[int, int, int, float, float, int, float, float, float, float]:
+        """Run the growth loop of the minibatch Barker test with the compiled kernel.
+
+        The same rows, arithmetic and stopping rules as
+        :func:`~pymc_minibatch_mh.core.barker.barker_test` drawing from this source, in
+        one call of :func:`~pymc_minibatch_mh.adapter.kernel.barker_rounds` per block of
+        evaluated rows. ``tolerance`` and ``early_decision`` are off when ≤ 0.
+
+        Returns
+        -------
+        tuple
+            ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon,
+            edgeworth)`` as returned by the kernel for the final block.
+
+        """
+        n_total = self.n_total
+        n = rounds = 0
+        mean = m2 = 0.0
+        while True:
+            block = self._block
+            if self._pos:
+                block = block[self._pos : self._len]
+            buf = self._buf
+            if buf.shape[0] < n + block.shape[0]:
+                buf = np.empty(max(n + block.shape[0], 2 * buf.shape[0], 1024))
+                buf[:n] = self._buf[:n]
+                self._buf = buf
+            result = barker_rounds(
+                block, buf, n, mean, m2, rounds, n_total, batch_size, data_free,
+                sigma2, tolerance, early_decision,
+            )
+            status, used, n, mean, m2, rounds, _, _, _, _ = result
+            self._pos += used
+            self._used += used
+            if status != NEED_MORE:
+                return result
+            self._fetch(min(batch_size, n_total - n))
 
     def full_pass(self) -> NDArray[np.float64]:
         """All N ratios (for tests that need a full pass; counted in ``evaluated``)."""

@@ -25,6 +25,7 @@ from pymc_minibatch_mh.core.austere import (
 from pymc_minibatch_mh.core.barker import (
     BarkerOutcome,
     TestOutcome,
+    barker_decision,
     barker_probability,
     barker_test,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "TestOutcome",
     "austere_nc_test",
     "austere_test",
+    "barker_decision",
     "barker_probability",
     "barker_test",
     "clt_error_bound",

@@ -20,7 +20,14 @@ import numpy as np
 from pymc_minibatch_mh.core.moments import clt_error_bound
 from pymc_minibatch_mh.core.source import MinibatchSource
 
-__all__ = ["BarkerOutcome", "CorrectionSampler", "TestOutcome", "barker_probability", "barker_test"]
+__all__ = [
+    "BarkerOutcome",
+    "CorrectionSampler",
+    "TestOutcome",
+    "barker_decision",
+    "barker_probability",
+    "barker_test",
+]
 
 
 class CorrectionSampler(Protocol):
@@ -121,6 +128,44 @@ def barker_probability(delta: float) -> float:
         return 1.0 / (1.0 + math.exp(-delta))
     e = math.exp(delta)
     return e / (1.0 + e)
+
+
+def barker_decision(
+    rng: np.random.Generator,
+    delta_star: float,
+    variance: float,
+    correction: CorrectionSampler,
+    *,
+    full_data: bool,
+) -> bool:
+    """The decision of the minibatch Barker test once the minibatch is fixed.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of ``X_nc`` and ``X_corr`` (or of the logistic draw).
+    delta_star : float
+        The estimate Δ*.
+    variance : float
+        Its variance s².
+    correction : CorrectionSampler
+        ``C_σ``; its ``sigma`` is σ.
+    full_data : bool
+        Whether Δ* = Δ (every row was used).
+
+    Returns
+    -------
+    bool
+        ``Δ* + X_nc + X_corr > 0`` when ``s² < σ²``; otherwise (all data used, or an early
+        decision) the Barker decision given Δ*, ``Δ* + X_log > 0``.
+
+    """
+    sigma2 = correction.sigma * correction.sigma
+    if full_data or variance >= sigma2:
+        # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
+        return bool(delta_star + rng.logistic() > 0.0)
+    x_nc = rng.normal(0.0, math.sqrt(sigma2 - variance))
+    return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
 
 
 def _joined(chunks: list[np.ndarray]) -> np.ndarray:
@@ -264,16 +309,11 @@ def barker_test(
     full_data = n >= n_total
     if full_data:
         epsilon = edgeworth = 0.0
-    elif tolerance is None:
-        epsilon, edgeworth = clt_error_bound(_joined(chunks), mean)
-    if full_data or variance >= sigma2:
-        # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
-        accepted = delta_star + rng.logistic() > 0.0
     else:
-        x_nc = rng.normal(0.0, math.sqrt(sigma2 - variance))
-        accepted = delta_star + x_nc + correction.sample(rng) > 0.0
+        # ε of the final minibatch (the loop may have stopped before computing it).
+        epsilon, edgeworth = clt_error_bound(_joined(chunks), mean)
     return BarkerOutcome(
-        accepted=bool(accepted),
+        accepted=barker_decision(rng, delta_star, variance, correction, full_data=full_data),
         batch_size=n,
         rounds=rounds,
         full_data=full_data,

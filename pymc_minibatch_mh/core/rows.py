@@ -53,7 +53,9 @@ class ShuffledRows:
 
     """
 
-    __slots__ = ("n_rows", "rng", "order", "start", "used", "since_shuffle", "shuffles")
+    __slots__ = (
+        "n_rows", "rng", "order", "start", "used", "since_shuffle", "shuffles", "_positions",
+    )
 
     def __init__(self, n_rows: int, rng: np.random.Generator) -> None:
         if n_rows < 1:
@@ -65,6 +67,7 @@ class ShuffledRows:
         self.used = 0
         self.since_shuffle = 0
         self.shuffles = 0
+        self._positions: NDArray[np.int64] | None = None
 
     def start_step(self) -> None:
         """Begin a new step at a uniformly random position of the order."""
@@ -109,6 +112,28 @@ class ShuffledRows:
         if b <= n:
             return self.order[a:b]
         return np.concatenate((self.order[a:], self.order[: b - n]))
+
+    def take_positions(self, count: int) -> NDArray[np.int64]:
+        """Like :meth:`take`, but return positions in :attr:`order` instead of rows.
+
+        For data stored in the current order (``data[order]``), the positions select the
+        same rows as :meth:`take` would, and they are consecutive (except where the
+        window wraps around). :attr:`shuffles` tells when the order has changed.
+        """
+        n = self.n_rows
+        if self.used + count > n:
+            raise ValueError(
+                f"cannot take {count} more rows: {self.used} of {n} rows are already used "
+                "in this step"
+            )
+        if self._positions is None:
+            self._positions = np.arange(n, dtype=np.int64)
+        a = (self.start + self.used) % n
+        b = a + count
+        self.used += count
+        if b <= n:
+            return self._positions[a:b]
+        return np.concatenate((self._positions[a:], self._positions[: b - n]))
 
     def give_back(self, count: int) -> None:
         """Return the last ``count`` rows taken in this step, unused.

@@ -9,8 +9,14 @@ from typing import Any
 import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.kernel import EARLY, STOPPED
 from pymc_minibatch_mh.adapter.source import PairSource
-from pymc_minibatch_mh.core.barker import BarkerOutcome, barker_test
+from pymc_minibatch_mh.core.barker import (
+    BarkerOutcome,
+    barker_decision,
+    barker_probability,
+    barker_test,
+)
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 
 __all__ = ["MinibatchBarker"]
@@ -145,7 +151,14 @@ class MinibatchBarker(MinibatchStep):
         self.early_decision = early_decision
         super().__init__(vars, batch_size=batch_size, **kwargs)
 
+    #: Run the growth loop with the compiled kernel
+    #: (:mod:`~pymc_minibatch_mh.adapter.kernel`); ``False`` uses the NumPy reference
+    #: :func:`~pymc_minibatch_mh.core.barker.barker_test`. Both give the same draws.
+    use_kernel: bool = True
+
     def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
+        if self.use_kernel and math.isfinite(data_free):
+            return self._decide_compiled(source, data_free)
         return barker_test(
             self.rng,
             source,
@@ -154,6 +167,32 @@ class MinibatchBarker(MinibatchStep):
             correction=self.correction,
             tolerance=self.tolerance,
             early_decision=self.early_decision,
+        )
+
+    def _decide_compiled(self, source: PairSource, data_free: float) -> BarkerOutcome:
+        sigma2 = self.sigma * self.sigma
+        status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = (
+            source.barker_rounds(
+                data_free, self.batch_size, sigma2,
+                self.tolerance if self.tolerance is not None else -1.0,
+                self.early_decision if self.early_decision is not None else -1.0,
+            )
+        )
+        full_data = n >= source.n_total
+        if status == STOPPED:
+            return BarkerOutcome(
+                accepted=False, batch_size=n, rounds=rounds, full_data=full_data,
+                nonfinite=not delta_star == -math.inf, extra_evaluations=0,
+                delta_star=delta_star, variance=math.nan, epsilon=math.nan,
+                edgeworth=math.nan, early=False, accept_prob=0.0,
+            )
+        return BarkerOutcome(
+            accepted=barker_decision(
+                self.rng, delta_star, variance, self.correction, full_data=full_data
+            ),
+            batch_size=n, rounds=rounds, full_data=full_data, nonfinite=False,
+            extra_evaluations=0, delta_star=delta_star, variance=variance, epsilon=epsilon,
+            edgeworth=edgeworth, early=status == EARLY, accept_prob=barker_probability(delta_star),
         )
 
     def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:

@@ -1,0 +1,224 @@
+"""The fast path of MinibatchBarker gives the same draws and stats as the NumPy reference.
+
+The step runs its growth loop in a compiled kernel (``adapter/kernel.py``), calls the
+jitted likelihood directly (``compat.direct_call``) and reads rows stored in the chain's
+random order (``MinibatchLikelihood.arrange_rows``). Each of these changes only the cost:
+these tests compare every draw and stat with the reference path
+(``core.barker.barker_test`` drawing row by row from data in their own order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from conftest import sample_kwargs
+
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.adapter.compat import direct_call, posterior, sample_stats
+from pymc_minibatch_mh.adapter.kernel import (
+    DONE,
+    EARLY,
+    NEED_MORE,
+    STOPPED,
+    barker_rounds,
+    chunk_moments_fast,
+    clt_error_bound_fast,
+)
+from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound
+from pymc_minibatch_mh.core.rows import ShuffledRows
+
+FLOAT_STATS = ("delta_star", "delta_variance", "accept", "epsilon", "edgeworth")
+EXACT_STATS = ("accepted", "batch_size", "growth_rounds", "full_data", "nonfinite",
+               "early_decision")
+
+
+def mixture_model(n=30_000, seed=3):
+    rng = np.random.default_rng(seed)
+    x = np.where(rng.random(n) < 0.5, rng.normal(0.0, 1.4, n), rng.normal(1.0, 1.4, n))
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0.0, 2.0, shape=2)
+        pm.NormalMixture("x", w=np.array([0.5, 0.5]),
+                         mu=pt.stack([theta[0], theta[0] + theta[1]]), sigma=1.4, observed=x)
+    return model
+
+
+@pytest.fixture(scope="module")
+def mix_model():
+    return mixture_model()
+
+
+def run(model, *, use_kernel, arrange, draws=400, **kwargs):
+    settings = dict(batch_size=50, temperature=60.0, S=[0.05, 0.05], tune=False)
+    settings.update(kwargs)
+    with model:
+        step = MinibatchBarker(**settings)
+        step.use_kernel = use_kernel
+        step._source.arrange = arrange
+        idata = pm.sample(draws=draws, tune=0, step=step, chains=1,
+                          initvals={"theta": np.array([0.0, 1.0])}, **sample_kwargs())
+    return {k: np.asarray(v) for k, v in posterior(idata).items()}, sample_stats(idata)
+
+
+def assert_same(a, b):
+    draws_a, ss_a = a
+    draws_b, ss_b = b
+    for name, values in draws_a.items():
+        np.testing.assert_array_equal(values, draws_b[name])
+    for name in EXACT_STATS:
+        np.testing.assert_array_equal(np.asarray(ss_a[name]), np.asarray(ss_b[name]), name)
+    for name in FLOAT_STATS:
+        np.testing.assert_allclose(np.asarray(ss_a[name]), np.asarray(ss_b[name]),
+                                   rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"tolerance": 0.6},
+        {"early_decision": 3.0},
+        {"temperature": 3.0, "batch_size": 2000},  # reaches all N rows on some steps
+    ],
+    ids=["default", "tolerance", "early", "full-data"],
+)
+def test_fast_path_equals_reference(mix_model, kwargs):
+    reference = run(mix_model, use_kernel=False, arrange=False, **kwargs)
+    fast = run(mix_model, use_kernel=True, arrange=True, **kwargs)
+    ss = reference[1]
+    # The settings exercise what they are meant to: growth, and their own stopping rule.
+    assert float(np.asarray(ss["growth_rounds"]).mean()) > 1.2
+    if "early_decision" in kwargs:
+        assert np.asarray(ss["early_decision"]).any()
+    if kwargs.get("temperature") == 3.0:
+        assert np.asarray(ss["full_data"]).any()
+    assert_same(reference, fast)
+    assert_same(reference, run(mix_model, use_kernel=True, arrange=False, **kwargs))
+    assert_same(reference, run(mix_model, use_kernel=False, arrange=True, **kwargs))
+
+
+def test_fast_path_equals_reference_with_nonfinite_ratios():
+    """A likelihood that is NaN beyond mu = 0.3: same rejections, same counts."""
+    data = np.random.default_rng(0).normal(0.0, 1.0, size=5000)
+
+    def logp(value, mu):
+        return pt.switch(pt.gt(mu, 0.3), np.nan, -0.5 * (value - mu) ** 2)
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 1)
+        pm.CustomDist("y", mu, logp=logp, observed=data)
+    results = []
+    for use_kernel, arrange in ((False, False), (True, True)):
+        with model:
+            step = MinibatchBarker(batch_size=50, temperature=50.0, S=[0.3], tune=False)
+            step.use_kernel = use_kernel
+            step._source.arrange = arrange
+            with pytest.warns(RuntimeWarning, match="NaN or infinite"):
+                idata = pm.sample(draws=200, tune=0, step=step, chains=1,
+                                  initvals={"mu": np.array(0.0)}, **sample_kwargs())
+        results.append((np.asarray(posterior(idata)["mu"]), sample_stats(idata)))
+    assert np.asarray(results[0][1]["nonfinite"]).sum() > 5
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    for name in ("nonfinite", "accepted", "batch_size"):
+        np.testing.assert_array_equal(np.asarray(results[0][1][name]),
+                                      np.asarray(results[1][1][name]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_compiled_moments_equal_core(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.standard_t(3, size=int(rng.integers(2, 500))) * 10.0 ** rng.integers(-6, 3)
+    np.testing.assert_allclose(chunk_moments_fast(values), chunk_moments(values), rtol=1e-10)
+    mean = float(values.mean())
+    np.testing.assert_allclose(clt_error_bound_fast(values, mean),
+                               clt_error_bound(values, mean), rtol=1e-10)
+    assert clt_error_bound_fast(np.full(5, 2.0), 2.0) == (0.0, 0.0)
+
+
+def test_kernel_asks_for_more_rows_and_resumes():
+    """Running the rounds over two blocks equals running them over one."""
+    rng = np.random.default_rng(1)
+    values = rng.normal(1e-4, 1.5e-3, size=600)
+    args = dict(n_total=10_000, batch_size=40, data_free=0.1, sigma2=1.0, tolerance=-1.0,
+                early_decision=-1.0)
+    whole = barker_rounds(values, np.empty(600), 0, 0.0, 0.0, 0, **args)
+    assert whole[0] == DONE and whole[5] > 2
+    buf = np.empty(600)
+    first = barker_rounds(values[:70], buf, 0, 0.0, 0.0, 0, **args)
+    assert first[0] == NEED_MORE and first[1] == 40  # one round used, 30 rows left over
+    _, used, n, mean, m2, rounds, *_ = first
+    second = barker_rounds(values[used:], buf, n, mean, m2, rounds, **args)
+    assert second[0] == DONE
+    assert second[2] == whole[2] and second[5] == whole[5]
+    np.testing.assert_allclose(second[6:], whole[6:], rtol=1e-12)
+    early = barker_rounds(values + 0.2, np.empty(600), 0, 0.0, 0.0, 0,
+                          **{**args, "early_decision": 2.0})
+    assert early[0] == EARLY
+    bad = values.copy()
+    bad[3] = np.nan
+    assert barker_rounds(bad, np.empty(600), 0, 0.0, 0.0, 0, **args)[0] == STOPPED
+
+
+def test_direct_call_matches_function_and_sees_set_value():
+    data = pytensor.shared(np.arange(6.0), name="data")
+    x = pt.vector("x")
+    rows = pt.vector("rows", dtype="int64")
+    for mode in ("NUMBA", "FAST_RUN"):
+        multi = pytensor.function([x, rows], [data[rows] * x.sum(), x * 2], mode=mode)
+        single = pytensor.function([x, rows], data[rows] + x[0], mode=mode)
+        for fn in (multi, single):
+            fn.trust_input = True
+            fast = direct_call(fn)
+            args = (np.array([1.0, 2.0]), np.array([1, 4], dtype=np.int64))
+            data.set_value(np.arange(6.0))
+            expected = fn(*args)
+            got = fast(*args)
+            if isinstance(expected, list):
+                assert len(got) == len(expected)
+                for e, g in zip(expected, got, strict=True):
+                    np.testing.assert_array_equal(e, g)
+            else:
+                np.testing.assert_array_equal(expected, got)
+            data.set_value(np.arange(6.0) * 10.0, borrow=True)
+            np.testing.assert_array_equal(np.asarray(fn(*args)[0] if isinstance(
+                expected, list) else fn(*args)), np.asarray(
+                fast(*args)[0] if isinstance(expected, list) else fast(*args)))
+
+
+def test_arranged_rows_give_the_same_ratios(mix_model):
+    with mix_model:
+        step = MinibatchBarker(batch_size=50, temperature=10.0, S=[0.05, 0.05], tune=False)
+    lik = step.likelihood
+    n = lik.n_rows()
+    order = np.random.default_rng(2).permutation(n).astype(np.int64)
+    x0, x1, inv_t = np.array([0.1, 0.9]), np.array([0.2, 0.7]), np.array(0.1)
+    plain = lik.delta(x0, x1, order[100:400], inv_t)
+    lik.arrange_rows(order)
+    arranged = lik.delta(x0, x1, np.arange(100, 400, dtype=np.int64), inv_t)
+    np.testing.assert_allclose(arranged[0], plain[0], rtol=1e-13)
+    assert float(arranged[1]) == float(plain[1])
+    lik.arrange_rows(None)
+    np.testing.assert_allclose(lik.delta(x0, x1, order[100:400], inv_t)[0], plain[0],
+                               rtol=1e-13)
+    assert lik.row_bytes == n * 8
+
+
+def test_take_positions_selects_the_rows_of_take():
+    n = 101
+    a = ShuffledRows(n, np.random.default_rng(4))
+    b = ShuffledRows(n, np.random.default_rng(4))
+    for step in range(40):
+        a.start_step()
+        b.start_step()
+        for count in (7, 30, 13):
+            if a.used_in_step + count > n:
+                break
+            rows = a.take(count)
+            positions = b.take_positions(count)
+            np.testing.assert_array_equal(b.order[positions], rows)
+        if step % 3 == 0:
+            a.give_back(5)
+            b.give_back(5)
+    assert a.shuffles == b.shuffles > 0
