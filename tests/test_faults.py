@@ -47,10 +47,10 @@ def test_nan_loglik_rejects_counts_and_warns_once():
 class FailingBarker(MinibatchBarker):
     """Raises inside the chain after a few steps (to test error propagation)."""
 
-    def _decide(self, source, data_free):
+    def _run_test(self, x_cur, x_prop):
         if self._chain_steps >= 5:
             raise RuntimeError("deliberate failure inside the step")
-        return super()._decide(source, data_free)
+        return super()._run_test(x_cur, x_prop)
 
 
 def test_exception_in_parallel_chain_reaches_user_with_chain_number():

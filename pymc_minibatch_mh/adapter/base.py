@@ -222,6 +222,14 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     def _decide(self, source: PairSource, data_free: float) -> TestOutcome:
         """Run the acceptance test on the prepared source."""
 
+    def _run_test(self, x_cur: np.ndarray, x_prop: np.ndarray) -> TestOutcome:
+        """Open the step's minibatch source, run the acceptance test, close the source."""
+        source = self._source
+        data_free = source.begin(x_cur, x_prop, self._inv_temperature)
+        outcome = self._decide(source, data_free)
+        source.finish(outcome.rounds)
+        return outcome
+
     def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
         """The test-specific stats of one outcome (see ``test_stats``)."""
         return {}
@@ -243,10 +251,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
         x_prop = self.proposal.propose(x_cur, self.scaling * self._step_factor, self.rng)
-        source = self._source
-        data_free = source.begin(x_cur, x_prop, self._inv_temperature)
-        outcome = self._decide(source, data_free)
-        source.finish(outcome.rounds)
+        outcome = self._run_test(x_cur, x_prop)
         if outcome.nonfinite and not self._warned_nonfinite:
             self._warned_nonfinite = True
             warnings.warn(

@@ -48,6 +48,8 @@ class RandomWalkProposal:
                 raise ValueError("The proposal standard deviations S must be finite and > 0.")
             self.std: NDArray[np.float64] | None = S
             self.chol: NDArray[np.float64] | None = None
+            self._scaled_for = 1.0
+            self._scaled_std = S.copy()
         elif S.ndim == 2:
             if S.shape != (dim, dim):
                 raise ValueError(f"The proposal covariance S must be {dim}×{dim}, got {S.shape}.")
@@ -71,13 +73,21 @@ class RandomWalkProposal:
     def propose(
         self, x: NDArray[np.float64], scaling: float, rng: np.random.Generator
     ) -> NDArray[np.float64]:
-        """``x + scaling · ξ`` (the same numbers as ``x + scaling * self(rng)``)."""
+        """A proposal ``x + scaling · ξ`` (a new array).
+
+        With standard deviations, ``scaling · S`` is kept between calls with the same
+        ``scaling``: products of a NumPy array and a Python float cost more than the
+        rest of the proposal at these sizes.
+        """
         z = rng.standard_normal(self.dim)
         if self.std is not None:
-            z *= self.std
+            if scaling != self._scaled_for:
+                self._scaled_std = self.std * scaling
+                self._scaled_for = scaling
+            z *= self._scaled_std
         else:
             z = self.chol @ z  # type: ignore[operator]
-        z *= scaling
+            z *= scaling
         z += x
         return z
 

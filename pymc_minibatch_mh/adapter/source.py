@@ -156,7 +156,7 @@ class PairSource:
         self.x_prop = x_prop
         self.inv_temperature = inv_temperature
         self.evaluated = 0
-        self._reset_block()
+        self._len = self._pos = self._used = 0
         rows = self.rows
         rows.start_step()  # type: ignore[union-attr]
         if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
@@ -204,46 +204,67 @@ class PairSource:
         mean, m2 = chunk_moments_fast(values)
         return values, mean, m2
 
-    def barker_rounds(
-        self, data_free: float, batch_size: int, sigma2: float, tolerance: float,
-        early_decision: float,
-    ) -> tuple[int, int, int, float, float, int, float, float, float, float]:
-        """Run the growth loop of the minibatch Barker test with the compiled kernel.
+    def barker_step(
+        self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64],
+        inv_temperature: NDArray[np.float64], batch_size: int, sigma2: float,
+        tolerance: float, early_decision: float,
+    ) -> tuple[float, tuple[int, int, int, float, float, int, float, float, float, float] | None]:
+        """One whole minibatch Barker step's rows and growth loop, with the compiled kernel.
 
-        The same rows, arithmetic and stopping rules as
-        :func:`~pymc_minibatch_mh.core.barker.barker_test` drawing from this source, in
-        one call of :func:`~pymc_minibatch_mh.adapter.kernel.barker_rounds` per block of
-        evaluated rows. ``tolerance`` and ``early_decision`` are off when ≤ 0.
+        The same rows, arithmetic and stopping rules as :meth:`begin`, then
+        :func:`~pymc_minibatch_mh.core.barker.barker_test` drawing from this source, then
+        :meth:`finish`, in one method (this runs on every step): one call of
+        :func:`~pymc_minibatch_mh.adapter.kernel.barker_rounds` per block of evaluated
+        rows. ``tolerance`` and ``early_decision`` are off when ≤ 0.
 
         Returns
         -------
         tuple
-            ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon,
-            edgeworth)`` as returned by the kernel for the final block.
+            ``(data_free, result)`` with ``result`` the kernel's ``(status, used, n, mean,
+            m2, rounds, delta_star, variance, epsilon, edgeworth)`` for the final block, or
+            ``None`` when the data-free part is not finite (no rows are then used).
 
         """
+        rows = self.rows
+        rows.start_step()  # type: ignore[union-attr]
+        if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
+            self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
+            self._arranged_at = rows.shuffles  # type: ignore[union-attr]
+        take = rows.take_positions if self.arrange else rows.take  # type: ignore[union-attr]
+        policy = self.policy
         n_total = self.n_total
+        size = min(n_total, batch_size * policy.rounds)
+        out = self.delta_fn(x_cur, x_prop, take(size), inv_temperature)
+        evaluated = size
+        data_free = float(out[-1])
+        if not math.isfinite(data_free):
+            rows.give_back(size)  # type: ignore[union-attr]
+            policy.record(0)
+            self.evaluated = evaluated
+            return data_free, None
+        block = out[0]
+        buf = self._buf
         n = rounds = 0
         mean = m2 = 0.0
         while True:
-            block = self._block
-            if self._pos:
-                block = block[self._pos : self._len]
-            buf = self._buf
-            if buf.shape[0] < n + block.shape[0]:
-                buf = np.empty(max(n + block.shape[0], 2 * buf.shape[0], 1024))
-                buf[:n] = self._buf[:n]
-                self._buf = buf
+            if buf.shape[0] < n + size:
+                grown = np.empty(max(n + size, 2 * buf.shape[0], 1024))
+                grown[:n] = buf[:n]
+                buf = self._buf = grown
             result = barker_rounds(
-                block, buf, n, mean, m2, rounds, n_total, batch_size, data_free,
-                sigma2, tolerance, early_decision,
+                block, buf, n, mean, m2, rounds, n_total, batch_size, data_free, sigma2,
+                tolerance, early_decision,
             )
             status, used, n, mean, m2, rounds, _, _, _, _ = result
-            self._pos += used
-            self._used += used
+            if used < size:
+                rows.give_back(size - used)  # type: ignore[union-attr]
             if status != NEED_MORE:
-                return result
-            self._fetch(min(batch_size, n_total - n))
+                policy.record(rounds)
+                self.evaluated = evaluated
+                return data_free, result
+            size = min(n_total - n, min(batch_size, n_total - n) * policy.rounds)
+            block = self.delta_fn(x_cur, x_prop, take(size), inv_temperature)[0]
+            evaluated += size
 
     def full_pass(self) -> NDArray[np.float64]:
         """All N ratios (for tests that need a full pass; counted in ``evaluated``)."""

@@ -147,37 +147,59 @@ class MinibatchBarker(MinibatchStep):
                 f"but sigma={sigma} was given."
             )
         self.sigma = float(sigma)
-        self.tolerance = tolerance
-        self.early_decision = early_decision
+        self._tolerance = tolerance
+        self._early_decision = early_decision
+        self._update_kernel_settings()
         super().__init__(vars, batch_size=batch_size, **kwargs)
+
+    @property
+    def tolerance(self) -> float | None:
+        """Stop growing only once ε ≤ tolerance as well (``None``: off)."""
+        return self._tolerance
+
+    @tolerance.setter
+    def tolerance(self, value: float | None) -> None:
+        self._tolerance = value
+        self._update_kernel_settings()
+
+    @property
+    def early_decision(self) -> float | None:
+        """Threshold of the early-decision rule (``None``: off)."""
+        return self._early_decision
+
+    @early_decision.setter
+    def early_decision(self, value: float | None) -> None:
+        self._early_decision = value
+        self._update_kernel_settings()
+
+    def _update_kernel_settings(self) -> None:
+        # σ², tolerance and threshold as the kernel takes them (≤ 0: off).
+        self._kernel_settings = (
+            self.sigma * self.sigma,
+            float(self._tolerance) if self._tolerance is not None else -1.0,
+            float(self._early_decision) if self._early_decision is not None else -1.0,
+        )
 
     #: Run the growth loop with the compiled kernel
     #: (:mod:`~pymc_minibatch_mh.adapter.kernel`); ``False`` uses the NumPy reference
     #: :func:`~pymc_minibatch_mh.core.barker.barker_test`. Both give the same draws.
     use_kernel: bool = True
 
-    def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
-        if self.use_kernel and math.isfinite(data_free):
-            return self._decide_compiled(source, data_free)
-        return barker_test(
-            self.rng,
-            source,
-            data_free,
-            batch_size=self.batch_size,
-            correction=self.correction,
-            tolerance=self.tolerance,
-            early_decision=self.early_decision,
+    def _run_test(self, x_cur: np.ndarray, x_prop: np.ndarray) -> BarkerOutcome:
+        if not self.use_kernel:
+            return super()._run_test(x_cur, x_prop)
+        source = self._source
+        data_free, result = source.barker_step(
+            x_cur, x_prop, self._inv_temperature, self.batch_size, *self._kernel_settings
         )
-
-    def _decide_compiled(self, source: PairSource, data_free: float) -> BarkerOutcome:
-        sigma2 = self.sigma * self.sigma
-        status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = (
-            source.barker_rounds(
-                data_free, self.batch_size, sigma2,
-                self.tolerance if self.tolerance is not None else -1.0,
-                self.early_decision if self.early_decision is not None else -1.0,
+        if result is None:
+            return BarkerOutcome(
+                accepted=False, batch_size=0, rounds=0, full_data=False,
+                nonfinite=not data_free == -math.inf, extra_evaluations=0,
+                delta_star=data_free, variance=0.0, epsilon=0.0, edgeworth=0.0,
+                early=False, accept_prob=0.0,
             )
-        )
+        status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = result
         full_data = n >= source.n_total
         if status == STOPPED:
             return BarkerOutcome(
@@ -193,6 +215,17 @@ class MinibatchBarker(MinibatchStep):
             batch_size=n, rounds=rounds, full_data=full_data, nonfinite=False,
             extra_evaluations=0, delta_star=delta_star, variance=variance, epsilon=epsilon,
             edgeworth=edgeworth, early=status == EARLY, accept_prob=barker_probability(delta_star),
+        )
+
+    def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
+        return barker_test(
+            self.rng,
+            source,
+            data_free,
+            batch_size=self.batch_size,
+            correction=self.correction,
+            tolerance=self.tolerance,
+            early_decision=self.early_decision,
         )
 
     def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:
