@@ -112,12 +112,14 @@ class PairSource:
         self.lik = lik
         #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, ..., data_free)``: the ratios
         #: of the rows first and the data-free part (0-d) last; by default
-        #: :meth:`MinibatchLikelihood.delta`, called directly.
+        #: :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.delta`,
+        #: called directly.
         self.delta_fn = lik.delta_fast
         self._buf = np.empty(0)
         #: Keep the rows of the per-step function in the chain's row order (see
-        #: :meth:`MinibatchLikelihood.arrange_rows`); on when the data take at most
-        #: :data:`ARRANGE_MAX_BYTES` (the copy doubles their memory).
+        #: :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.arrange_rows`);
+        #: on when the data take at most :data:`ARRANGE_MAX_BYTES` (the copy doubles their
+        #: memory).
         self.arrange = lik.row_bytes <= ARRANGE_MAX_BYTES
         self._arranged_at = -1
         self.policy = policy

@@ -114,11 +114,12 @@ class ShuffledRows:
         return np.concatenate((self.order[a:], self.order[: b - n]))
 
     def take_positions(self, count: int) -> NDArray[np.int64]:
-        """Like :meth:`take`, but return positions in :attr:`order` instead of rows.
+        """Like :meth:`take`, but return positions in ``order`` instead of rows.
 
         For data stored in the current order (``data[order]``), the positions select the
         same rows as :meth:`take` would, and they are consecutive (except where the
-        window wraps around). :attr:`shuffles` tells when the order has changed.
+        window wraps around). ``shuffles`` (the number of reshuffles so far) tells when
+        the order has changed.
         """
         n = self.n_rows
         if self.used + count > n:
