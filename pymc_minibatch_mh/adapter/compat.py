@@ -110,7 +110,11 @@ class DirectCall:
 
     def __call__(self, *args: Any) -> Any:
         """Call the function with its explicit inputs."""
-        out = self._jit(*args, *[c[0] for c in self._cells])
+        cells = self._cells
+        if len(cells) == 1:  # the common case: no list built per call
+            out = self._jit(*args, cells[0][0])
+        else:
+            out = self._jit(*args, *[c[0] for c in cells])
         return out[0] if self._single else out
 
     def __getstate__(self) -> dict[str, Any]:
