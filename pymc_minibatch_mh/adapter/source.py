@@ -99,6 +99,7 @@ class PairSource:
     __slots__ = (
         "lik", "delta_fn", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
         "policy", "_block", "_csum", "_csum_sq", "_pos", "_len", "_used", "_data_free",
+        "full_pass_fn",
     )
 
     def __init__(self, lik: MinibatchLikelihood, policy: PrefetchPolicy) -> None:
@@ -106,6 +107,9 @@ class PairSource:
         #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, cumsum(l − l0), cumsum((l − l0)²),
         #: data_free)``: :meth:`MinibatchLikelihood.delta` unless an estimator replaces it.
         self.delta_fn = lik.delta
+        #: ``(x_cur, x_prop, inv_temperature, n) -> values of all N rows`` when an
+        #: estimator replaces the ratios (control variates: residuals); None: the ratios.
+        self.full_pass_fn: Any = None
         self.policy = policy
         self.rows: ShuffledRows | None = None
         self.x_cur: NDArray[np.float64] = np.empty(0)
@@ -185,9 +189,14 @@ class PairSource:
         return values, mean, max(m2, 0.0)
 
     def full_pass(self) -> NDArray[np.float64]:
-        """All N ratios (for tests that need a full pass; counted in ``evaluated``)."""
+        """All N ratios (for tests that need a full pass; counted in ``evaluated``).
+
+        With control variates (``full_pass_fn`` set), all N residuals instead.
+        """
         n = self.n_total
         self.evaluated += n
+        if self.full_pass_fn is not None:
+            return self.full_pass_fn(self.x_cur, self.x_prop, self.inv_temperature, n)
         cur = self.lik.full_loglik(self.x_cur, n)
         prop = self.lik.full_loglik(self.x_prop, n)
         return (prop - cur) * float(self.inv_temperature)
