@@ -122,3 +122,16 @@ def test_correction_distribution(tmp_path):
     # the paper's value for (n, σ, λ) = (2000, 1, 10) is looked up correctly
     assert module.paper_value(2000, 1.0, 10.0) == pytest.approx(1.3e-3)
     assert module.paper_value(4000, 1.0, 10.0) == pytest.approx(8.9e-4)
+
+
+def test_logistic_control_variates(tmp_path):
+    module = _example("logistic_control_variates")
+    result = module.main(["--n", "5000", "--d", "3", "--draws", "300", "--plain-draws", "20",
+                          "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    sizes = result["mean_batch_size"]
+    assert sizes["with control variates"] == 50
+    assert sizes["without"] > 10 * sizes["with control variates"]
+    assert result["setup_passes"] >= 2
+    assert "Set-up of the control variates" in result["table"]

@@ -25,6 +25,11 @@ from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
+from pymc_minibatch_mh.adapter.control_variate import (
+    TaylorControlVariate,
+    laplace_proposal,
+    make_control_variate,
+)
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal, ScalingTuner
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
@@ -62,9 +67,11 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         K > 0: the likelihood is raised to 1/K; the prior is not. A
         :class:`~pymc_minibatch_mh.adapter.schedule.TemperatureSchedule` changes K (and
         multiplies the proposal scale) at given iterations of each chain.
-    S : array_like, optional
+    S : array_like or "laplace", optional
         Proposal standard deviations (vector) or covariance (matrix) on the flattened,
-        transformed space, as in ``pm.Metropolis``. Default: ones.
+        transformed space, as in ``pm.Metropolis``. Default: ones. ``"laplace"`` (with
+        ``control_variate``): the Laplace covariance at θ̂ at the initial temperature;
+        use it with ``scaling`` about ``2.38/√d``.
     scaling : float
         Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
     tune : bool
@@ -87,12 +94,28 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     prefetch : int or "auto"
         Rounds of rows evaluated per compiled call (see
         :mod:`~pymc_minibatch_mh.adapter.source`); changes the cost, not the results.
+    control_variate : {None, "taylor"}
+        ``"taylor"``: estimate Δ with second-order Taylor control variates around a
+        reference point θ̂ (the closed-form full-data sum of the expansions plus a
+        minibatch estimate of the residuals), see
+        :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorControlVariate` and the
+        guide's "Control variates" page. Default None: the plain estimate.
+    reference : dict, optional
+        θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
+        step is built. Only with ``control_variate``.
+    recenter : float, optional
+        Re-centre θ̂ at the current state during tuning when the chain is farther than
+        this from θ̂ (Laplace metric, per dimension; about 1 for a posterior draw). Only
+        with ``control_variate``; default: never.
 
     """
 
     name: ClassVar[str] = "minibatch"
     default_blocked = True
     _state_class = MinibatchStepState
+
+    #: Whether ``control_variate=`` applies to this step method.
+    supports_control_variate: ClassVar[bool] = True
 
     #: Stats shared by every minibatch step; dtypes match PyMC's samplers where names clash.
     common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
@@ -108,6 +131,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         "tune": (bool, []),
         "mean_batch_size": (np.float64, []),
         "accept_rate": (np.float64, []),
+        "recentered": (bool, []),
     }
     #: Stats specific to the test, declared by subclasses.
     test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
@@ -133,6 +157,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         check_start: bool = True,
         prefetch: int | str = "auto",
         blocked: bool = True,
+        control_variate: str | None = None,
+        reference: Mapping[str, Any] | None = None,
+        recenter: float | None = None,
     ) -> None:
         model = modelcontext(model)
         if vars is None:
@@ -147,7 +174,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         )
         self.vars = self.likelihood.value_vars
         self.model = model
-        self.proposal = RandomWalkProposal(S, self.likelihood.point_map.size)
+        laplace = isinstance(S, str) and S == "laplace"
+        self.proposal = RandomWalkProposal(None if laplace else S, self.likelihood.point_map.size)
         self.tuner = ScalingTuner(float(scaling), target=target_accept)
         self.scaling = float(scaling)
         self.tune = bool(tune)
@@ -158,6 +186,15 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._source = PairSource(
             self.likelihood, PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
         )
+        self.control_variate: TaylorControlVariate | None = make_control_variate(
+            control_variate, self.likelihood, reference=reference, recenter=recenter,
+            step_name=type(self).__name__, supported=self.supports_control_variate,
+        )
+        if self.control_variate is not None:
+            self.control_variate.attach(self._source)
+        if laplace:
+            self.proposal = laplace_proposal(self.control_variate, self._temperature)
+        self._tuning = True
         self._rows: ShuffledRows | None = None
         self._n_rows = self.likelihood.n_rows_initial
         self._warned_nonfinite = False
@@ -197,6 +234,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             )
         self._rows = self.likelihood.make_rows(self._n_rows, rng)
         self._source.start_chain(self._rows, self._n_rows, self.batch_size)
+        if self.control_variate is not None:
+            self.control_variate.start_chain()
+        self._tuning = True
         self._chain_started = False
         self._warned_nonfinite = False
         self._chain_steps = 0
@@ -214,8 +254,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self.scaling = self.tuner.scaling
 
     def stop_tuning(self) -> None:
-        """End tuning: the proposal scale is fixed from now on."""
+        """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on."""
         self.tune = False
+        self._tuning = False
 
     # --------------------------------------------------------------------- step
     @abstractmethod
@@ -250,6 +291,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self._next_change = self.schedule.next_change(self._chain_steps)
         lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
+        recentered = 0
+        if self._tuning and self.control_variate is not None:
+            recentered = self.control_variate.maybe_recenter(x_cur)
         x_prop = self.proposal.propose(x_cur, self.scaling * self._step_factor, self.rng)
         outcome = self._run_test(x_cur, x_prop)
         if outcome.nonfinite and not self._warned_nonfinite:
@@ -275,12 +319,13 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "growth_rounds": outcome.rounds,
             "full_data": outcome.full_data,
             "nonfinite": outcome.nonfinite,
-            "extra_evaluations": outcome.extra_evaluations,
+            "extra_evaluations": outcome.extra_evaluations + recentered,
             "scaling": self.scaling * self._step_factor,
             "temperature": self._temperature,
             "tune": self.tune,
             "mean_batch_size": self._chain_batch_total / steps,
             "accept_rate": self._chain_accepted / steps,
+            "recentered": recentered > 0,
             **self._test_stat_values(outcome),
         }
         if self.tune and self._tune_enabled:

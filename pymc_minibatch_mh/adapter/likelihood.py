@@ -42,7 +42,7 @@ from pytensor.tensor.shape import SpecifyShape
 from pymc_minibatch_mh.adapter.compat import default_mode, direct_call
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
-__all__ = ["MinibatchLikelihood", "ModelNotSupportedError", "PointMap"]
+__all__ = ["LikelihoodGraphs", "MinibatchLikelihood", "ModelNotSupportedError", "PointMap"]
 
 #: Rows per call when a whole pass over the data is evaluated (bounded memory).
 FULL_PASS_CHUNK = 1 << 18
@@ -202,6 +202,29 @@ def _leading_length(var: Variable) -> int | None:
     return int(value.shape[0]) if value.ndim >= 1 else None
 
 
+@dataclass(frozen=True)
+class LikelihoodGraphs:
+    """The symbolic graphs behind :class:`MinibatchLikelihood`'s compiled functions.
+
+    Inputs: ``flat`` (one state), ``x_cur``/``x_prop`` (a pair of states), ``rows``
+    (int64 row indices), ``inv_temperature`` (0-d). Outputs: ``row_loglik`` (the
+    untempered per-row log-likelihood at ``flat`` on ``rows``), ``prior`` (log prior with
+    Jacobians and Potentials at ``flat``), ``ratios`` (the tempered ``l_i`` of the pair on
+    ``rows``) and ``prior_delta`` (the data-free part of the pair). PyMC's parameter
+    checks are still in these graphs; ``_checks_as_ninf`` turns them into ``-inf``.
+    """
+
+    flat: Variable
+    rows: Variable
+    row_loglik: Variable
+    prior: Variable
+    x_cur: Variable
+    x_prop: Variable
+    inv_temperature: Variable
+    ratios: Variable
+    prior_delta: Variable
+
+
 class MinibatchLikelihood:
     """Compiled per-observation log-likelihood of a PyMC model, evaluated on row indices.
 
@@ -242,6 +265,8 @@ class MinibatchLikelihood:
         self.step_name = step_name
         self.mode = mode if mode is not None else default_mode()
         point = dict(initial_point) if initial_point is not None else model.initial_point()
+        #: The point used for shapes and checks (and as the start of searches).
+        self.initial_point: dict[str, Any] = point
         self.value_vars: list[Variable] = get_value_vars_from_user_vars(vars, model)
         self._check_variables()
         observed = list(model.observed_RVs)
@@ -371,6 +396,13 @@ class MinibatchLikelihood:
         self._rows_fn = compile_fn([flat, rows], row_loglik)
         self._prior_fn = compile_fn([flat], prior)
         self._full_fn = compile_fn([flat], full_loglik, mode="FAST_COMPILE")
+        # The symbolic graphs, for estimators that build other per-step functions on the
+        # same sliced likelihood (e.g. control variates, adapter/control_variate.py).
+        self.graphs = LikelihoodGraphs(
+            flat=flat, rows=rows, row_loglik=row_loglik, prior=prior, x_cur=x_cur,
+            x_prop=x_prop, inv_temperature=inv_temperature, ratios=ratios,
+            prior_delta=prior_delta,
+        )
         self._validate_split(point)
         self._structure = self._model_structure()
 
@@ -659,6 +691,18 @@ class MinibatchLikelihood:
             data = shared.get_value(borrow=True)
             view.set_value(data if order is None else np.take(data, order, axis=0), borrow=True)
         self._arranged = order is not None
+
+    def on_arranged_rows(self, outputs: Sequence[Variable]) -> list[Variable]:
+        """``outputs`` (graphs indexed by ``rows``) rebuilt on the arranged copies of the data.
+
+        A per-step function built from :attr:`graphs` must read the rows where
+        :meth:`delta` reads them: the step passes positions in the chain's row order
+        (:meth:`arrange_rows`), not rows of the data.
+        """
+        return clone_replace(
+            list(outputs), dict(zip(self._row_data, self._step_data, strict=True)),
+            rebuild_strict=False,
+        )
 
     @property
     def row_bytes(self) -> int:

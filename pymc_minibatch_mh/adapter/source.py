@@ -105,7 +105,7 @@ class PairSource:
     __slots__ = (
         "lik", "delta_fn", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
         "policy", "_block", "_pos", "_len", "_used", "_data_free", "_buf",
-        "arrange", "_arranged_at",
+        "arrange", "_arranged_at", "full_pass_fn",
     )
 
     def __init__(self, lik: MinibatchLikelihood, policy: PrefetchPolicy) -> None:
@@ -113,8 +113,11 @@ class PairSource:
         #: ``(x_cur, x_prop, rows, inv_temperature) -> (l, ..., data_free)``: the ratios
         #: of the rows first and the data-free part (0-d) last; by default
         #: :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.delta`,
-        #: called directly.
+        #: called directly; an estimator may replace it (control variates: residuals).
         self.delta_fn = lik.delta_fast
+        #: ``(x_cur, x_prop, inv_temperature, n) -> values of all N rows`` when an
+        #: estimator replaces the ratios (control variates: residuals); None: the ratios.
+        self.full_pass_fn: Any = None
         self._buf = np.empty(0)
         #: Keep the rows of the per-step function in the chain's row order (see
         #: :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.arrange_rows`);
@@ -269,9 +272,14 @@ class PairSource:
             evaluated += size
 
     def full_pass(self) -> NDArray[np.float64]:
-        """All N ratios (for tests that need a full pass; counted in ``evaluated``)."""
+        """All N ratios (for tests that need a full pass; counted in ``evaluated``).
+
+        With control variates (``full_pass_fn`` set), all N residuals instead.
+        """
         n = self.n_total
         self.evaluated += n
+        if self.full_pass_fn is not None:
+            return self.full_pass_fn(self.x_cur, self.x_prop, self.inv_temperature, n)
         cur = self.lik.full_loglik(self.x_cur, n)
         prop = self.lik.full_loglik(self.x_prop, n)
         return (prop - cur) * float(self.inv_temperature)

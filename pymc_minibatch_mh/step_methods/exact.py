@@ -40,6 +40,7 @@ class ExactMH(MinibatchStep):
     """
 
     name = "exact_mh"
+    supports_control_variate = False
     test_stats = {"delta": (np.float64, []), "log_u": (np.float64, [])}
 
     def __init__(
