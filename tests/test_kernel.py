@@ -222,3 +222,27 @@ def test_take_positions_selects_the_rows_of_take():
             a.give_back(5)
             b.give_back(5)
     assert a.shuffles == b.shuffles > 0
+
+
+def test_control_variate_residuals_read_the_arranged_rows():
+    """With control variates, the residual function reads the rows the step's order says."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    x = rng.normal(size=(n, 2))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ np.array([0.5, -1.0]))))).astype("int64")
+    with pm.Model():
+        b = pm.Normal("b", 0, 3, shape=2)
+        pm.Bernoulli("y", logit_p=pm.math.dot(x, b), observed=y)
+        step = MinibatchBarker(batch_size=50, S=[0.05, 0.05], tune=False,
+                               control_variate="taylor")
+    lik = step.likelihood
+    fn = step._source.delta_fn
+    order = rng.permutation(n).astype(np.int64)
+    cur, prop, inv_t = np.array([0.4, -0.9]), np.array([0.45, -1.0]), np.array(1.0)
+    plain = fn(cur, prop, order[:300], inv_t)
+    lik.arrange_rows(order)
+    arranged = fn(cur, prop, np.arange(300, dtype=np.int64), inv_t)
+    np.testing.assert_allclose(arranged[0], plain[0], rtol=1e-12, atol=1e-15)
+    assert float(arranged[-1]) == pytest.approx(float(plain[-1]), rel=1e-12)
+    # And the residuals are not the plain ratios (the estimator is on).
+    assert not np.allclose(plain[0], lik.delta(cur, prop, np.arange(300), inv_t)[0])
