@@ -265,7 +265,7 @@ def test_logistic_posterior_at_temperature_one(logistic):
     model, x, y, step, cov, scale = logistic
     with model:
         idata = pm.sample(
-            draws=2000, tune=100, step=step, chains=4, cores=1,
+            draws=1500, tune=100, step=step, chains=4, cores=1,
             initvals=step.control_variate.reference_point(), **sample_kwargs(random_seed=5),
         )
     draws = np.asarray(posterior(idata)["b"])
