@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pymc as pm
@@ -193,7 +194,8 @@ def logistic():
 def test_map_is_found_and_counted(logistic):
     model, x, y, step, _, _ = logistic
     cv = step.control_variate
-    with model:
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # PyMC 6: find_MAP's jitter default
         map_point = pm.find_MAP(progressbar=False)
     np.testing.assert_allclose(cv.reference.theta, map_point["b"], atol=1e-4)
     assert cv.map_decrement <= cv_module.MAP_TOLERANCE
