@@ -95,8 +95,9 @@ def test_fast_path_equals_reference(mix_model, kwargs):
     if kwargs.get("temperature") == 3.0:
         assert np.asarray(ss["full_data"]).any()
     assert_same(reference, fast)
-    assert_same(reference, run(mix_model, use_kernel=True, arrange=False, **kwargs))
-    assert_same(reference, run(mix_model, use_kernel=False, arrange=True, **kwargs))
+    if not kwargs:  # each change on its own, once
+        assert_same(reference, run(mix_model, use_kernel=True, arrange=False))
+        assert_same(reference, run(mix_model, use_kernel=False, arrange=True))
 
 
 def test_fast_path_equals_reference_with_nonfinite_ratios():
