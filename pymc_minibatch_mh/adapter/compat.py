@@ -27,6 +27,7 @@ __all__ = [
     "DirectCall",
     "default_mode",
     "direct_call",
+    "jvp",
     "group",
     "posterior",
     "sample_stats",
@@ -164,6 +165,19 @@ def direct_call(fn: Any) -> Any:
     if any(explicit[sum(explicit):]):
         return fn  # explicit inputs are not first: keep the safe path
     return DirectCall(fn)
+
+
+def jvp(f: Any, wrt: Any, tangent: Any) -> Any:
+    """Forward-mode derivative of ``f`` at ``wrt`` in the direction ``tangent``.
+
+    PyTensor 3 calls it ``pytensor.gradient.pushforward`` (``Rop`` is deprecated there);
+    PyTensor 2 has ``Rop`` only.
+    """
+    import pytensor.gradient as gradient
+
+    if hasattr(gradient, "pushforward"):
+        return gradient.pushforward(f, wrt, tangent)
+    return gradient.Rop(f, wrt, tangent)
 
 
 def group(result: Any, name: str) -> Any:

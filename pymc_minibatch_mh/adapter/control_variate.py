@@ -26,11 +26,12 @@ How each part is computed:
 - **G and H**: one pass over the data at θ̂ in chunks of rows (gradient and Hessian of
   the chunk's summed log-likelihood, with PyTensor); O(d²) memory, never per row.
 - **The per-row terms** ``g_iᵀδ`` and ``δᵀH_i w`` on the minibatch rows: forward-mode
-  products at θ̂ (``pytensor.gradient.Rop``, twice for the second-order term), compiled
-  into the same per-step function as the ratios. Measured on a logistic regression
-  (d = 10, N = 10⁶, Numba): 27 µs per call at b = 100 against 26 µs for the plain
-  ratios, 265 against 211 µs at b = 1000; caching per-row gradients would need N·d
-  floats and per-row Hessians N·d² (impossible at N = 10⁶, d = 50) for no gain.
+  products at θ̂ (:func:`~pymc_minibatch_mh.adapter.compat.jvp`, twice for the
+  second-order term), compiled into the same per-step function as the ratios. Measured
+  on a logistic regression (d = 10, N = 10⁶, Numba): 27 µs per call at b = 100
+  against 26 µs for the plain ratios, 265 against 211 µs at b = 1000; caching per-row
+  gradients would need N·d floats and per-row Hessians N·d² (impossible at N = 10⁶,
+  d = 50) for no gain.
 
 The rows evaluated while building the estimator (every pass of the MAP search and the
 pass at θ̂) are counted in :attr:`TaylorControlVariate.setup_evaluations`; the estimator
@@ -50,11 +51,11 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
-from pytensor.gradient import Rop, grad
+from pytensor.gradient import grad
 from pytensor.graph.traversal import graph_inputs
 from scipy import optimize
 
-from pymc_minibatch_mh.adapter.compat import direct_call
+from pymc_minibatch_mh.adapter.compat import direct_call, jvp
 from pymc_minibatch_mh.adapter.likelihood import (
     FULL_PASS_CHUNK,
     MinibatchLikelihood,
@@ -352,8 +353,8 @@ class TaylorControlVariate:
         v = pt.vector("v", dtype="float64")
         (row_loglik,) = _checks_as_ninf([graphs.row_loglik])
         at_t = clone_replace(row_loglik, {graphs.flat: t})
-        first = Rop(at_t, t, u)  # g_iᵀ u
-        second = Rop(Rop(at_t, t, v), t, u)  # uᵀ H_i v
+        first = jvp(at_t, t, u)  # g_iᵀ u
+        second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
         x_cur, x_prop, inv_t = graphs.x_cur, graphs.x_prop, graphs.inv_temperature
         delta = x_prop - x_cur
         w = x_prop + x_cur - 2.0 * self._theta

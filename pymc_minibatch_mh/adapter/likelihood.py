@@ -695,7 +695,7 @@ class MinibatchLikelihood:
     def on_arranged_rows(self, outputs: Sequence[Variable]) -> list[Variable]:
         """``outputs`` (graphs indexed by ``rows``) rebuilt on the arranged copies of the data.
 
-        A per-step function built from :attr:`graphs` must read the rows where
+        A per-step function built from ``graphs`` must read the rows where
         :meth:`delta` reads them: the step passes positions in the chain's row order
         (:meth:`arrange_rows`), not rows of the data.
         """

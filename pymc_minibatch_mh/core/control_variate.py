@@ -22,7 +22,7 @@ a minibatch: ``Δ* = (closed form)/K + c + (N/b) Σ_{i∈B} r_i / K``, unbiased 
 sampling without replacement, with a variance that is that of the residuals. Near θ̂ the
 residuals are third-order small (``O(‖δ‖ ‖θ − θ̂‖²)`` per row), which is why a minibatch
 of a few rows suffices at temperature 1 with proposals as wide as the posterior
-(Bardenet, Doucet and Holmes 2017, section 7; Cornish et al. 2019).
+(Bardenet, Doucet and Holmes 2017, section 7 [1]_; Cornish et al. 2019 [2]_).
 
 This module holds the reference (θ̂, G, H) and what can be computed from it without the
 model: the closed-form sum, the Laplace precision and covariance, the distance of a state
