@@ -216,9 +216,9 @@ class PairSource:
     ) -> tuple[float, tuple[int, int, int, float, float, int, float, float, float, float] | None]:
         """One whole minibatch Barker step's rows and growth loop, with the compiled kernel.
 
-        The same rows, arithmetic and stopping rules as :meth:`begin`, then
-        :func:`~pymc_minibatch_mh.core.barker.barker_test` drawing from this source, then
-        :meth:`finish`, in one method (this runs on every step): one call of
+        :meth:`begin`, the growth loop, then :meth:`finish`: the same rows, arithmetic and
+        stopping rules as :func:`~pymc_minibatch_mh.core.barker.barker_test` drawing from
+        this source, with one call of
         :func:`~pymc_minibatch_mh.adapter.kernel.barker_rounds` per block of evaluated
         rows. ``tolerance`` and ``early_decision`` are off when ≤ 0.
 
@@ -230,46 +230,32 @@ class PairSource:
             ``None`` when the data-free part is not finite (no rows are then used).
 
         """
-        rows = self.rows
-        rows.start_step()  # type: ignore[union-attr]
-        if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
-            self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
-            self._arranged_at = rows.shuffles  # type: ignore[union-attr]
-        take = rows.take_positions if self.arrange else rows.take  # type: ignore[union-attr]
-        policy = self.policy
-        n_total = self.n_total
-        size = min(n_total, batch_size * policy.rounds)
-        out = self.delta_fn(x_cur, x_prop, take(size), inv_temperature)
-        evaluated = size
-        data_free = float(out[-1])
+        data_free = self.begin(x_cur, x_prop, inv_temperature)
         if not math.isfinite(data_free):
-            rows.give_back(size)  # type: ignore[union-attr]
-            policy.record(0)
-            self.evaluated = evaluated
+            self.finish(0)
             return data_free, None
-        block = out[0]
-        buf = self._buf
+        n_total = self.n_total
         n = rounds = 0
         mean = m2 = 0.0
         while True:
-            if buf.shape[0] < n + size:
-                grown = np.empty(max(n + size, 2 * buf.shape[0], 1024))
-                grown[:n] = buf[:n]
-                buf = self._buf = grown
+            # Every block starts unused: begin() and _fetch() leave _pos at 0.
+            block = self._block
+            buf = self._buf
+            if buf.shape[0] < n + self._len:
+                buf = np.empty(max(n + self._len, 2 * buf.shape[0], 1024))
+                buf[:n] = self._buf[:n]
+                self._buf = buf
             result = barker_rounds(
                 block, buf, n, mean, m2, rounds, n_total, batch_size, data_free, sigma2,
                 tolerance, early_decision,
             )
             status, used, n, mean, m2, rounds, _, _, _, _ = result
-            if used < size:
-                rows.give_back(size - used)  # type: ignore[union-attr]
+            self._pos += used
+            self._used += used
             if status != NEED_MORE:
-                policy.record(rounds)
-                self.evaluated = evaluated
+                self.finish(rounds)
                 return data_free, result
-            size = min(n_total - n, min(batch_size, n_total - n) * policy.rounds)
-            block = self.delta_fn(x_cur, x_prop, take(size), inv_temperature)[0]
-            evaluated += size
+            self._fetch(min(batch_size, n_total - n))
 
     def full_pass(self) -> NDArray[np.float64]:
         """All N ratios (for tests that need a full pass; counted in ``evaluated``).

@@ -172,20 +172,62 @@ def _joined(chunks: list[np.ndarray]) -> np.ndarray:
     return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
-def _rejected(nonfinite: bool, delta_star: float, extra: int = 0) -> BarkerOutcome:
+def rejected_outcome(
+    delta_star: float, *, batch_size: int = 0, rounds: int = 0, full_data: bool = False
+) -> BarkerOutcome:
+    """The outcome of a step stopped by a non-finite Δ* (or data-free part): a rejection.
+
+    ``−inf`` rejects cleanly (zero likelihood or prior); NaN or ``+inf`` also sets
+    ``nonfinite``. Before any row was used (``batch_size = 0``) the spread stats are 0;
+    after, they are NaN.
+    """
+    spread = 0.0 if batch_size == 0 else math.nan
     return BarkerOutcome(
         accepted=False,
-        batch_size=0,
-        rounds=0,
-        full_data=False,
-        nonfinite=nonfinite,
-        extra_evaluations=extra,
+        batch_size=batch_size,
+        rounds=rounds,
+        full_data=full_data,
+        nonfinite=not delta_star == -math.inf,
+        extra_evaluations=0,
         delta_star=delta_star,
-        variance=0.0,
-        epsilon=0.0,
-        edgeworth=0.0,
+        variance=spread,
+        epsilon=spread,
+        edgeworth=spread,
         early=False,
         accept_prob=0.0,
+    )
+
+
+def decided_outcome(
+    rng: np.random.Generator,
+    correction: CorrectionSampler,
+    *,
+    delta_star: float,
+    variance: float,
+    batch_size: int,
+    rounds: int,
+    full_data: bool,
+    epsilon: float,
+    edgeworth: float,
+    early: bool,
+) -> BarkerOutcome:
+    """The outcome of a step whose minibatch is fixed: the decision and the stats.
+
+    The decision is drawn by :func:`barker_decision`.
+    """
+    return BarkerOutcome(
+        accepted=barker_decision(rng, delta_star, variance, correction, full_data=full_data),
+        batch_size=batch_size,
+        rounds=rounds,
+        full_data=full_data,
+        nonfinite=False,
+        extra_evaluations=0,
+        delta_star=delta_star,
+        variance=variance,
+        epsilon=epsilon,
+        edgeworth=edgeworth,
+        early=early,
+        accept_prob=barker_probability(delta_star),
     )
 
 
@@ -248,7 +290,7 @@ def barker_test(
     """
     if not math.isfinite(data_free):
         # -inf: the proposal is outside the prior's support; no data are needed.
-        return _rejected(nonfinite=not data_free == -math.inf, delta_star=data_free)
+        return rejected_outcome(data_free)
 
     n_total = source.n_total
     sigma2 = correction.sigma * correction.sigma
@@ -277,19 +319,8 @@ def barker_test(
             n = total
         delta_star = n_total * mean + data_free
         if not math.isfinite(delta_star) or math.isnan(m2):
-            return BarkerOutcome(
-                accepted=False,
-                batch_size=n,
-                rounds=rounds,
-                full_data=n == n_total,
-                nonfinite=not delta_star == -math.inf,
-                extra_evaluations=0,
-                delta_star=delta_star,
-                variance=math.nan,
-                epsilon=math.nan,
-                edgeworth=math.nan,
-                early=False,
-                accept_prob=0.0,
+            return rejected_outcome(
+                delta_star, batch_size=n, rounds=rounds, full_data=n == n_total
             )
         if n >= n_total:
             variance = 0.0
@@ -312,17 +343,7 @@ def barker_test(
     else:
         # ε of the final minibatch (the loop may have stopped before computing it).
         epsilon, edgeworth = clt_error_bound(_joined(chunks), mean)
-    return BarkerOutcome(
-        accepted=barker_decision(rng, delta_star, variance, correction, full_data=full_data),
-        batch_size=n,
-        rounds=rounds,
-        full_data=full_data,
-        nonfinite=False,
-        extra_evaluations=0,
-        delta_star=delta_star,
-        variance=variance,
-        epsilon=epsilon,
-        edgeworth=edgeworth,
-        early=early,
-        accept_prob=barker_probability(delta_star),
+    return decided_outcome(
+        rng, correction, delta_star=delta_star, variance=variance, batch_size=n,
+        rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth, early=early,
     )

@@ -13,9 +13,9 @@ from pymc_minibatch_mh.adapter.kernel import EARLY, STOPPED
 from pymc_minibatch_mh.adapter.source import PairSource
 from pymc_minibatch_mh.core.barker import (
     BarkerOutcome,
-    barker_decision,
-    barker_probability,
     barker_test,
+    decided_outcome,
+    rejected_outcome,
 )
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 
@@ -193,28 +193,15 @@ class MinibatchBarker(MinibatchStep):
             x_cur, x_prop, self._inv_temperature, self.batch_size, *self._kernel_settings
         )
         if result is None:
-            return BarkerOutcome(
-                accepted=False, batch_size=0, rounds=0, full_data=False,
-                nonfinite=not data_free == -math.inf, extra_evaluations=0,
-                delta_star=data_free, variance=0.0, epsilon=0.0, edgeworth=0.0,
-                early=False, accept_prob=0.0,
-            )
+            return rejected_outcome(data_free)
         status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = result
         full_data = n >= source.n_total
         if status == STOPPED:
-            return BarkerOutcome(
-                accepted=False, batch_size=n, rounds=rounds, full_data=full_data,
-                nonfinite=not delta_star == -math.inf, extra_evaluations=0,
-                delta_star=delta_star, variance=math.nan, epsilon=math.nan,
-                edgeworth=math.nan, early=False, accept_prob=0.0,
-            )
-        return BarkerOutcome(
-            accepted=barker_decision(
-                self.rng, delta_star, variance, self.correction, full_data=full_data
-            ),
-            batch_size=n, rounds=rounds, full_data=full_data, nonfinite=False,
-            extra_evaluations=0, delta_star=delta_star, variance=variance, epsilon=epsilon,
-            edgeworth=edgeworth, early=status == EARLY, accept_prob=barker_probability(delta_star),
+            return rejected_outcome(delta_star, batch_size=n, rounds=rounds, full_data=full_data)
+        return decided_outcome(
+            self.rng, self.correction, delta_star=delta_star, variance=variance, batch_size=n,
+            rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth,
+            early=status == EARLY,
         )
 
     def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
