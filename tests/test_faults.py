@@ -7,25 +7,11 @@ import warnings
 
 import numpy as np
 import pymc as pm
-import pytensor.tensor as pt
 import pytest
-from conftest import sample_kwargs
+from conftest import nan_model, sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
-
-
-def nan_model():
-    data = np.random.default_rng(0).normal(0.0, 1.0, size=500)
-
-    def logp(value, mu):
-        # Undefined (NaN) likelihood for mu > 0.3: a modelling bug the sampler must survive.
-        return pt.switch(pt.gt(mu, 0.3), np.nan, -0.5 * (value - mu) ** 2)
-
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0, 1)
-        pm.CustomDist("y", mu, logp=logp, observed=data)
-    return model
 
 
 def test_nan_loglik_rejects_counts_and_warns_once():

@@ -14,7 +14,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from conftest import sample_kwargs
+from conftest import nan_model, sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.adapter.compat import direct_call, posterior, sample_stats
@@ -102,14 +102,7 @@ def test_fast_path_equals_reference(mix_model, kwargs):
 
 def test_fast_path_equals_reference_with_nonfinite_ratios():
     """A likelihood that is NaN beyond mu = 0.3: same rejections, same counts."""
-    data = np.random.default_rng(0).normal(0.0, 1.0, size=5000)
-
-    def logp(value, mu):
-        return pt.switch(pt.gt(mu, 0.3), np.nan, -0.5 * (value - mu) ** 2)
-
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0, 1)
-        pm.CustomDist("y", mu, logp=logp, observed=data)
+    model = nan_model(size=5000)
     results = []
     for use_kernel, arrange in ((False, False), (True, True)):
         with model:
