@@ -63,17 +63,10 @@ class RandomWalkProposal:
         else:
             raise ValueError(f"S must be a vector or a matrix, got {S.ndim} dimensions.")
 
-    def __call__(self, rng: np.random.Generator) -> NDArray[np.float64]:
-        """One increment ``ξ`` (before ``scaling``)."""
-        z = rng.standard_normal(self.dim)
-        if self.std is not None:
-            return self.std * z
-        return self.chol @ z  # type: ignore[operator]
-
     def propose(
         self, x: NDArray[np.float64], scaling: float, rng: np.random.Generator
     ) -> NDArray[np.float64]:
-        """A proposal ``x + scaling · ξ`` (a new array).
+        """A proposal ``x + scaling · ξ`` (a new array), ``ξ`` one increment.
 
         With standard deviations, ``scaling · S`` is kept between calls with the same
         ``scaling``: products of a NumPy array and a Python float cost more than the
