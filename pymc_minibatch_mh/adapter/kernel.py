@@ -42,8 +42,6 @@ EARLY = 2
 #: A non-finite Δ* (or NaN spread) stopped the test; the proposal is rejected.
 STOPPED = 3
 
-_EDGEWORTH_SUP = EDGEWORTH_SUP
-
 
 @numba.njit(cache=True, nogil=True)
 def clt_error_bound_fast(values: np.ndarray, mean: float) -> tuple[float, float]:
@@ -72,7 +70,7 @@ def clt_error_bound_fast(values: np.ndarray, mean: float) -> tuple[float, float]
     m3 = s3_abs / (b * var * sd)
     skew = s3 / (b * var * sd)
     root_b = math.sqrt(b)
-    return (6.4 * m3 + 2.0 * m1) / root_b, abs(skew) * _EDGEWORTH_SUP / (6.0 * root_b)
+    return (6.4 * m3 + 2.0 * m1) / root_b, abs(skew) * EDGEWORTH_SUP / (6.0 * root_b)
 
 
 @numba.njit(cache=True, nogil=True)
