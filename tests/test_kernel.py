@@ -26,8 +26,11 @@ from pymc_minibatch_mh.adapter.kernel import (
     barker_rounds,
     chunk_moments_fast,
     clt_error_bound_fast,
+    shuffle_fast,
 )
 from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound
+from scipy import stats
+
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
 FLOAT_STATS = ("delta_star", "delta_variance", "accept", "epsilon", "edgeworth")
@@ -240,3 +243,40 @@ def test_control_variate_residuals_read_the_arranged_rows():
     assert float(arranged[-1]) == pytest.approx(float(plain[-1]), rel=1e-12)
     # And the residuals are not the plain ratios (the estimator is on).
     assert not np.allclose(plain[0], lik.delta(cur, prop, np.arange(300), inv_t)[0])
+
+
+def test_compiled_shuffle_is_a_uniform_permutation():
+    rng = np.random.default_rng(11)
+    order = np.arange(100_000, dtype=np.int64)
+    shuffle_fast(order, rng)
+    assert np.array_equal(np.sort(order), np.arange(100_000))
+    # All 24 orders of 4 rows are equally likely: chi-square test over 48,000 shuffles
+    # (a shuffle that favoured or missed some orders fails it).
+    counts = {}
+    for _ in range(48_000):
+        small = np.arange(4, dtype=np.int64)
+        shuffle_fast(small, rng)
+        key = tuple(small.tolist())
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 24
+    assert stats.chisquare(list(counts.values())).pvalue > 1e-3
+    # Each row's position is uniform: row 0 of 100 ends at each position equally often.
+    ends = np.empty(20_000, dtype=np.int64)
+    for k in range(ends.size):
+        small = np.arange(100, dtype=np.int64)
+        shuffle_fast(small, rng)
+        ends[k] = int(np.flatnonzero(small == 0)[0])
+    assert stats.chisquare(np.bincount(ends, minlength=100)).pvalue > 1e-3
+
+
+def test_step_rows_use_the_compiled_shuffle(mix_model):
+    with mix_model:
+        step = MinibatchBarker(batch_size=50, temperature=60.0, tune=False)
+    rows = step.likelihood.make_rows(1000, np.random.default_rng(0))
+    assert rows._shuffle is shuffle_fast
+    first = rows.order.copy()
+    rows.used = 1000  # as after steps that used N rows: the next step reshuffles
+    rows.start_step()
+    assert rows.shuffles == 1
+    assert not np.array_equal(first, rows.order)
+    assert np.array_equal(np.sort(rows.order), np.arange(1000))

@@ -40,6 +40,7 @@ from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 
 from pymc_minibatch_mh.adapter.compat import default_mode, direct_call
+from pymc_minibatch_mh.adapter.kernel import shuffle_fast
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
 __all__ = ["LikelihoodGraphs", "MinibatchLikelihood", "ModelNotSupportedError", "PointMap"]
@@ -93,10 +94,16 @@ class PointMap:
         )
 
     def to_point(self, flat: NDArray[np.float64], point: Mapping[str, Any]) -> dict[str, Any]:
-        """A new point: ``point`` with the variables replaced by the values in ``flat``."""
+        """A new point: ``point`` with the variables replaced by the values in ``flat``.
+
+        The new values may be views of ``flat`` (no copy when the dtype is float64), so
+        ``flat`` must not be modified afterwards.
+        """
         new = dict(point)
         for e in self.entries:
-            new[e.name] = flat[e.start : e.start + e.size].reshape(e.shape).astype(e.dtype)
+            new[e.name] = flat[e.start : e.start + e.size].reshape(e.shape).astype(
+                e.dtype, copy=False
+            )
         return new
 
 
@@ -756,5 +763,5 @@ class MinibatchLikelihood:
             )
 
     def make_rows(self, n_rows: int, rng: np.random.Generator) -> ShuffledRows:
-        """A row sampler for one chain."""
-        return ShuffledRows(n_rows, rng)
+        """A row sampler for one chain (its orders made by the compiled shuffle)."""
+        return ShuffledRows(n_rows, rng, shuffle_fast)
