@@ -289,7 +289,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         if self._next_change is not None and self._chain_steps >= self._next_change:
             self.temperature, self._step_factor = self.schedule(self._chain_steps)
             self._next_change = self.schedule.next_change(self._chain_steps)
-        lik.set_others(point)
+        if lik.other_shared:
+            lik.set_others(point)
         x_cur = lik.point_map.to_flat(point)
         recentered = 0
         if self._tuning and self.control_variate is not None:
@@ -311,7 +312,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._chain_batch_total += outcome.batch_size
         if accepted:
             self._chain_accepted += 1
-        accept = self._accept_prob(outcome)
+        # g(Δ*) for the Barker tests; the decision itself for the others.
+        accept = getattr(outcome, "accept_prob", None)
+        if accept is None:
+            accept = 1.0 if accepted else 0.0
         stats = {
             "accepted": 1.0 if accepted else 0.0,
             "accept": accept,
@@ -356,9 +360,6 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 + ": its compiled likelihood uses that model's data. Create the step inside "
                 "`with model:` of the model you sample (or pass model=...)."
             )
-
-    def _accept_prob(self, outcome: Any) -> float:
-        return float(getattr(outcome, "accept_prob", float(outcome.accepted)))
 
     @staticmethod
     def _progressbar_config(n_chains: int = 1) -> tuple[list[Any], dict[str, list[Any]]]:

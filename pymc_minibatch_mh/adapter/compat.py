@@ -118,6 +118,19 @@ class DirectCall:
             out = self._jit(*args, *[c[0] for c in cells])
         return out[0] if self._single else out
 
+    def unwrapped(self) -> tuple[Any, tuple[Any, ...]] | None:
+        """``(jit, shared_values)`` such that ``jit(*args, *shared_values)`` is this call.
+
+        The shared values are read now: valid until the next ``set_value``. None when the
+        output needs unpacking (a single-output function).
+        """
+        if self._single:
+            return None
+        cells = self._cells
+        if len(cells) == 1:
+            return self._jit, (cells[0][0],)
+        return self._jit, tuple([c[0] for c in cells])
+
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn}
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from pymc_minibatch_mh.adapter.compat import DirectCall
 from pymc_minibatch_mh.adapter.kernel import NEED_MORE, barker_rounds, chunk_moments_fast
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.core.rows import ShuffledRows
@@ -230,32 +231,64 @@ class PairSource:
             ``None`` when the data-free part is not finite (no rows are then used).
 
         """
-        data_free = self.begin(x_cur, x_prop, inv_temperature)
-        if not math.isfinite(data_free):
-            self.finish(0)
-            return data_free, None
+        # The bookkeeping of begin(), _fetch() and finish(), inlined: this runs once per
+        # MCMC step, where a few method calls cost as much as a hundred rows.
+        rows = self.rows
+        rows.start_step()  # type: ignore[union-attr]
+        if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
+            self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
+            self._arranged_at = rows.shuffles  # type: ignore[union-attr]
+        take = rows.take_positions if self.arrange else rows.take  # type: ignore[union-attr]
+        call, extra = self._call()
         n_total = self.n_total
+        per_call = batch_size * self.policy.rounds
+        size = min(n_total, per_call)
+        out = call(x_cur, x_prop, take(size), inv_temperature, *extra)
+        evaluated = size
+        data_free = float(out[-1])
+        if not math.isfinite(data_free):
+            rows.give_back(size)  # type: ignore[union-attr]
+            self.evaluated = evaluated
+            self.policy.record(0)
+            return data_free, None
+        block = out[0]
+        buf = self._buf
         n = rounds = 0
         mean = m2 = 0.0
         while True:
-            # Every block starts unused: begin() and _fetch() leave _pos at 0.
-            block = self._block
-            buf = self._buf
-            if buf.shape[0] < n + self._len:
-                buf = np.empty(max(n + self._len, 2 * buf.shape[0], 1024))
-                buf[:n] = self._buf[:n]
-                self._buf = buf
+            if buf.shape[0] < n + size:
+                grown = np.empty(max(n + size, 2 * buf.shape[0], 1024))
+                grown[:n] = buf[:n]
+                buf = self._buf = grown
             result = barker_rounds(
                 block, buf, n, mean, m2, rounds, n_total, batch_size, data_free, sigma2,
                 tolerance, early_decision,
             )
             status, used, n, mean, m2, rounds, _, _, _, _ = result
-            self._pos += used
-            self._used += used
+            if used < size:
+                rows.give_back(size - used)  # type: ignore[union-attr]
             if status != NEED_MORE:
-                self.finish(rounds)
+                self.evaluated = evaluated
+                self.policy.record(rounds)
                 return data_free, result
-            self._fetch(min(batch_size, n_total - n))
+            # As _fetch(count) with count = min(batch_size, N − n): `per_call` rows, or
+            # what is left of the N rows.
+            size = min(n_total - n, per_call)
+            block = call(x_cur, x_prop, take(size), inv_temperature, *extra)[0]
+            evaluated += size
+
+    def _call(self) -> tuple[Any, tuple[Any, ...]]:
+        """``(fn, extra)``: calling ``fn(*args, *extra)`` is calling ``delta_fn(*args)``.
+
+        For a :class:`~pymc_minibatch_mh.adapter.compat.DirectCall`, its jitted graph and
+        the shared values (so no wrapper runs per call).
+        """
+        fn = self.delta_fn
+        if isinstance(fn, DirectCall):
+            parts = fn.unwrapped()
+            if parts is not None:
+                return parts
+        return fn, ()
 
     def full_pass(self) -> NDArray[np.float64]:
         """All N ratios (for tests that need a full pass; counted in ``evaluated``).

@@ -164,7 +164,8 @@ def barker_decision(
     if full_data or variance >= sigma2:
         # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
         return bool(delta_star + rng.logistic() > 0.0)
-    x_nc = rng.normal(0.0, math.sqrt(sigma2 - variance))
+    # sd · N(0, 1): the same value as rng.normal(0, sd), with less call overhead.
+    x_nc = math.sqrt(sigma2 - variance) * rng.standard_normal()
     return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
 
 
