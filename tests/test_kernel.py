@@ -280,3 +280,24 @@ def test_step_rows_use_the_compiled_shuffle(mix_model):
     assert rows.shuffles == 1
     assert not np.array_equal(first, rows.order)
     assert np.array_equal(np.sort(rows.order), np.arange(1000))
+
+
+def test_growth_calls_are_sized_from_the_variance(mix_model):
+    """After the first block, one call evaluates the rows the test is predicted to need."""
+    from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK
+
+    with mix_model:
+        step = MinibatchBarker(batch_size=50, temperature=60.0, tune=False)
+    source = step._source
+    n_total, sigma2 = 1_000_000, 1.0
+    # s² = 4σ² at n = 200: about 4 × 200 rows are needed, 15 % more are asked for.
+    result = (0, 200, 200, 0.0, 0.0, 4, 0.0, 4.0, 0.0, 0.0)
+    target = n_total / (1 + sigma2 * (n_total - 200) / (200 * 4.0))
+    size = source._growth_rows(result, n_total, 50, sigma2)
+    assert size % 50 == 0 and size >= 1.15 * target - 200 > size - 50
+    # No usable variance yet (n = 1): a block of the policy's rounds.
+    inf_result = (0, 1, 1, 0.0, 0.0, 1, 0.0, np.inf, 0.0, 0.0)
+    assert source._growth_rows(inf_result, n_total, 50, sigma2) == 50 * source.policy.rounds
+    # A hopeless variance asks for the rest of the data, in bounded chunks.
+    big = (0, 200, 200, 0.0, 0.0, 4, 0.0, 1e12, 0.0, 0.0)
+    assert source._growth_rows(big, n_total, 50, sigma2) == FULL_PASS_CHUNK // 50 * 50

