@@ -31,7 +31,7 @@ Shuffle = Callable[[NDArray[np.int64], np.random.Generator], None]
 
 
 def numpy_shuffle(order: NDArray[np.int64], rng: np.random.Generator) -> None:
-    """``rng.shuffle(order)``: the default :data:`Shuffle` of :class:`ShuffledRows`."""
+    """``rng.shuffle(order)``: the default ``shuffle`` of :class:`ShuffledRows`."""
     rng.shuffle(order)
 
 
