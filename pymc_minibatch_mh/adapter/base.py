@@ -296,7 +296,13 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         if self._tuning and self.control_variate is not None:
             recentered = self.control_variate.maybe_recenter(x_cur)
         x_prop = self.proposal.propose(x_cur, self.scaling * self._step_factor, self.rng)
-        outcome = self._run_test(x_cur, x_prop)
+        return self._complete_step(point, x_prop, self._run_test(x_cur, x_prop), recentered)
+
+    def _complete_step(
+        self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, recentered: int
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The second half of :meth:`step`: the new point, the stats and the tuning."""
+        lik = self.likelihood
         if outcome.nonfinite and not self._warned_nonfinite:
             self._warned_nonfinite = True
             warnings.warn(
@@ -304,7 +310,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 "minibatch; the proposal was rejected. Steps with this fault are counted in "
                 "the 'nonfinite' sample stat (this warning is shown once per chain).",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         accepted = outcome.accepted
         new_point = lik.point_map.to_point(x_prop, point) if accepted else point
