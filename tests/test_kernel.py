@@ -307,3 +307,26 @@ def test_growth_calls_are_sized_from_the_variance(mix_model):
     # A hopeless variance asks for the rest of the data, in bounded chunks.
     big = (0, 200, 200, 0.0, 0.0, 4, 0.0, 1e12, 0.0, 0.0)
     assert source._growth_rows(big, n_total, 50, sigma2) == FULL_PASS_CHUNK // 50 * 50
+
+
+def test_prefetch_cost_model_knows_how_growth_calls_are_sized(mix_model):
+    """Half the steps need 1 round, half 8: blocks of 4 rounds when each growth call adds a
+    block, but single rounds when one growth call sized from the variance does the rest."""
+    from pymc_minibatch_mh.adapter.source import PrefetchPolicy
+
+    policy = PrefetchPolicy("auto", call_cost_rows=100.0)
+    policy.reset(batch_size=50)
+    policy.counts[1] = policy.counts[8] = 500
+    # ⌈r/k⌉ calls of k rounds: k = 4 costs 0.5·300 + 0.5·2·300 = 450 rows, the least.
+    assert policy.best_rounds() == 4
+    # One call when r ≤ k, else two with about 1.15·r rounds in all: k = 1 costs
+    # 0.5·150 + 0.5·(200 + 10·50) = 425 rows, the least.
+    policy.sized_growth = True
+    assert policy.best_rounds() == 1
+    # The minibatch Barker step's compiled path tells its policy; the reference does not.
+    for use_kernel in (True, False):
+        with mix_model:
+            step = MinibatchBarker(batch_size=50, temperature=60.0, tune=False)
+        step.use_kernel = use_kernel
+        step._start_chain(np.random.default_rng(0))
+        assert step._source.policy.sized_growth is use_kernel

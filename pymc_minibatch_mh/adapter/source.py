@@ -63,6 +63,9 @@ class PrefetchPolicy:
         self.fixed = 1 if self.auto else int(prefetch)
         self.call_cost_rows = call_cost_rows
         self.max_rounds = max_rounds
+        #: Whether calls after a step's first are sized from the test's variance (set by
+        #: the step method; it changes the cost model of ``"auto"``, never a draw).
+        self.sized_growth = False
         self.reset()
 
     def reset(self, batch_size: int = 1) -> None:
@@ -84,14 +87,25 @@ class PrefetchPolicy:
             self.rounds = self.best_rounds()
 
     def best_rounds(self) -> int:
-        """The block size (in rounds) of least expected cost under the recorded rounds."""
+        """The block size (in rounds) of least expected cost under the recorded rounds.
+
+        A step that needs ``r`` rounds with blocks of ``k`` costs one call of ``k`` rounds
+        when ``r ≤ k``. Otherwise, with ``sized_growth`` (the minibatch Barker test's
+        compiled path, :meth:`PairSource.barker_step`), about one more call that brings
+        the rows to ``1.15 r`` rounds; without, ``⌈r/k⌉`` calls of ``k`` rounds each.
+        """
         counts = np.asarray(self.counts, dtype=np.float64)
         r = np.arange(counts.size)
         p = counts / max(1.0, counts.sum())
+        m, c = self.batch_size, self.call_cost_rows
         best, best_cost = 1, math.inf
         for k in range(1, self.max_rounds + 1):
-            calls = np.ceil(np.maximum(r, 1) / k)
-            cost = float(p @ (calls * (self.call_cost_rows + k * self.batch_size)))
+            if self.sized_growth:
+                grown = k + np.maximum(1.0, np.ceil(1.15 * r - k))
+                costs = np.where(r <= k, c + k * m, 2.0 * c + grown * m)
+            else:
+                costs = np.ceil(np.maximum(r, 1) / k) * (c + k * m)
+            cost = float(p @ costs)
             if cost < best_cost - 1e-12:
                 best, best_cost = k, cost
         return best

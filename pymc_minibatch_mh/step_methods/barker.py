@@ -189,6 +189,7 @@ class MinibatchBarker(MinibatchStep):
 
     def _start_chain(self, rng: Any) -> None:
         super()._start_chain(rng)
+        self._source.policy.sized_growth = self.use_kernel
         # The lean path of step() covers the plain case: no temperature schedule, no
         # control variates, no likelihood parameters sampled by another step.
         self._lean = (
