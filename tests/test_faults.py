@@ -33,10 +33,10 @@ def test_nan_loglik_rejects_counts_and_warns_once():
 class FailingBarker(MinibatchBarker):
     """Raises inside the chain after a few steps (to test error propagation)."""
 
-    def _run_test(self, x_cur, x_prop):
+    def step(self, point):
         if self._chain_steps >= 5:
             raise RuntimeError("deliberate failure inside the step")
-        return super()._run_test(x_cur, x_prop)
+        return super().step(point)
 
 
 def test_exception_in_parallel_chain_reaches_user_with_chain_number():
