@@ -126,7 +126,7 @@ class PairSource:
     __slots__ = (
         "lik", "delta_fn", "rows", "x_cur", "x_prop", "inv_temperature", "n_total", "evaluated",
         "policy", "_block", "_pos", "_len", "_used", "_data_free", "_buf",
-        "arrange", "_arranged_at", "full_pass_fn",
+        "arrange", "_arranged_at", "full_pass_fn", "_take",
     )
 
     def __init__(self, lik: MinibatchLikelihood, policy: PrefetchPolicy) -> None:
@@ -146,6 +146,7 @@ class PairSource:
         #: memory).
         self.arrange = lik.row_bytes <= ARRANGE_MAX_BYTES
         self._arranged_at = -1
+        self._take: Any = None  # the open step's row-taking function (see _open_step)
         self.policy = policy
         self.rows: ShuffledRows | None = None
         self.x_cur: NDArray[np.float64] = np.empty(0)
@@ -183,13 +184,22 @@ class PairSource:
         self.inv_temperature = inv_temperature
         self.evaluated = 0
         self._len = self._pos = self._used = 0
+        self._take = self._open_step()
+        self._fetch(self.policy.batch_size)
+        return self._data_free
+
+    def _open_step(self) -> Any:
+        """Start a step on the row order; return the function that takes its rows.
+
+        After a reshuffle of the order, the data are first arranged in the new order
+        (with ``arrange``); the function then takes positions in it, else row indices.
+        """
         rows = self.rows
         rows.start_step()  # type: ignore[union-attr]
         if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
             self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
             self._arranged_at = rows.shuffles  # type: ignore[union-attr]
-        self._fetch(self.policy.batch_size)
-        return self._data_free
+        return rows.take_positions if self.arrange else rows.take  # type: ignore[union-attr]
 
     def finish(self, rounds: int) -> None:
         """Close the step: give unused evaluated rows back, record the rounds used."""
@@ -206,10 +216,7 @@ class PairSource:
             rows.give_back(unused)  # type: ignore[union-attr]
         room = self.n_total - self._used
         size = min(room, count * self.policy.rounds)
-        idx = (
-            rows.take_positions(size) if self.arrange else rows.take(size)  # type: ignore[union-attr]
-        )
-        out = self.delta_fn(self.x_cur, self.x_prop, idx, self.inv_temperature)
+        out = self.delta_fn(self.x_cur, self.x_prop, self._take(size), self.inv_temperature)
         self._block = out[0]
         self._data_free = float(out[-1])
         self.evaluated += size
@@ -253,12 +260,8 @@ class PairSource:
         """
         # The bookkeeping of begin(), _fetch() and finish(), inlined: this runs once per
         # MCMC step, where a few method calls cost as much as a hundred rows.
+        take = self._open_step()
         rows = self.rows
-        rows.start_step()  # type: ignore[union-attr]
-        if self.arrange and rows.shuffles != self._arranged_at:  # type: ignore[union-attr]
-            self.lik.arrange_rows(rows.order)  # type: ignore[union-attr]
-            self._arranged_at = rows.shuffles  # type: ignore[union-attr]
-        take = rows.take_positions if self.arrange else rows.take  # type: ignore[union-attr]
         call, extra = self._call()
         n_total = self.n_total
         per_call = batch_size * self.policy.rounds
