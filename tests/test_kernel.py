@@ -29,6 +29,8 @@ from pymc_minibatch_mh.adapter.kernel import (
     clt_error_bound_fast,
     shuffle_fast,
 )
+from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK
+from pymc_minibatch_mh.adapter.source import PrefetchPolicy
 from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound
 from pymc_minibatch_mh.core.rows import ShuffledRows
 
@@ -290,8 +292,6 @@ def test_step_rows_use_the_compiled_shuffle(mix_model):
 
 def test_growth_calls_are_sized_from_the_variance(mix_model):
     """After the first block, one call evaluates the rows the test is predicted to need."""
-    from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK
-
     with mix_model:
         step = MinibatchBarker(batch_size=50, temperature=60.0, tune=False)
     source = step._source
@@ -312,8 +312,6 @@ def test_growth_calls_are_sized_from_the_variance(mix_model):
 def test_prefetch_cost_model_knows_how_growth_calls_are_sized(mix_model):
     """Half the steps need 1 round, half 8: blocks of 4 rounds when each growth call adds a
     block, but single rounds when one growth call sized from the variance does the rest."""
-    from pymc_minibatch_mh.adapter.source import PrefetchPolicy
-
     policy = PrefetchPolicy("auto", call_cost_rows=100.0)
     policy.reset(batch_size=50)
     policy.counts[1] = policy.counts[8] = 500
