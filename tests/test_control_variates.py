@@ -351,8 +351,12 @@ def test_austere_and_mhsublhd_use_the_residuals(logistic):
             point, stats = s.step(point)
             sizes.append(stats[0]["batch_size"])
             accepted.append(stats[0]["accepted"])
-        # The residuals' spread is tiny: each test decides on its first minibatches.
-        assert np.mean(sizes) <= 2 * s.batch_size and max(sizes) < 200, (name, sizes)
+        # The residuals' spread is tiny: the tests decide on their first minibatches. A
+        # step whose threshold falls near Δ* can still need more (MHSubLhd over 30 steps,
+        # 10 seeds: mean 22–96 rows, largest step 68–1166); without control variates
+        # both use 1,700–20,000 rows per step on average, all 20,000 for MHSubLhd.
+        assert np.median(sizes) <= 2 * s.batch_size, (name, sizes)
+        assert np.mean(sizes) < 0.02 * n, (name, sizes)
         assert 0 < np.mean(accepted) < 1, name
         if name == "mhsublhd":  # its range comes from a full pass of residuals (counted)
             assert stats[0]["extra_evaluations"] == n
