@@ -9,6 +9,7 @@
 - :mod:`~pymc_minibatch_mh.core.correction`: the correction distribution ``C_σ``;
 - :mod:`~pymc_minibatch_mh.core.moments`: running moments and the error bound ε;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;
+- :mod:`~pymc_minibatch_mh.core.buffered`: a ``Generator`` with scalar draws in blocks;
 - :mod:`~pymc_minibatch_mh.core.source`: the minibatch source protocol.
 """
 
@@ -29,6 +30,7 @@ from pymc_minibatch_mh.core.barker import (
     barker_probability,
     barker_test,
 )
+from pymc_minibatch_mh.core.buffered import BufferedGenerator
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 from pymc_minibatch_mh.core.moments import RunningMoments, clt_error_bound
@@ -41,6 +43,7 @@ __all__ = [
     "AustereDesign",
     "AustereOutcome",
     "BarkerOutcome",
+    "BufferedGenerator",
     "CorrectionDistribution",
     "ExactOutcome",
     "MHSubLhdOutcome",
