@@ -95,20 +95,20 @@ class PrefetchPolicy:
         the rows to ``1.15 r`` rounds; without, ``⌈r/k⌉`` calls of ``k`` rounds each.
         """
         counts = np.asarray(self.counts, dtype=np.float64)
-        r = np.arange(counts.size)
         p = counts / max(1.0, counts.sum())
         m, c = self.batch_size, self.call_cost_rows
-        best, best_cost = 1, math.inf
-        for k in range(1, self.max_rounds + 1):
-            if self.sized_growth:
-                grown = k + np.maximum(1.0, np.ceil(1.15 * r - k))
-                costs = np.where(r <= k, c + k * m, 2.0 * c + grown * m)
-            else:
-                costs = np.ceil(np.maximum(r, 1) / k) * (c + k * m)
-            cost = float(p @ costs)
-            if cost < best_cost - 1e-12:
-                best, best_cost = k, cost
-        return best
+        # One row per block size k = 1..max_rounds, one column per rounds needed r: all
+        # costs at once (this runs every UPDATE_EVERY steps of every chain).
+        k = np.arange(1, self.max_rounds + 1, dtype=np.float64)[:, None]
+        r = np.arange(counts.size, dtype=np.float64)[None, :]
+        if self.sized_growth:
+            grown = k + np.maximum(1.0, np.ceil(1.15 * r - k))
+            costs = np.where(r <= k, c + k * m, 2.0 * c + grown * m)
+        else:
+            costs = np.ceil(np.maximum(r, 1.0) / k) * (c + k * m)
+        expected = costs @ p
+        # The smallest block among those of least cost (up to rounding).
+        return int(np.flatnonzero(expected <= expected.min() + 1e-12)[0]) + 1
 
 
 class PairSource:
