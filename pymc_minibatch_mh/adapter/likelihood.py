@@ -96,10 +96,15 @@ class PointMap:
     def to_point(self, flat: NDArray[np.float64], point: Mapping[str, Any]) -> dict[str, Any]:
         """A new point: ``point`` with the variables replaced by the values in ``flat``.
 
-        The new values may be views of ``flat`` (no copy when the dtype is float64), so
-        ``flat`` must not be modified afterwards.
+        The new values may be views of ``flat``, or ``flat`` itself (no copy when the
+        dtype is float64), so ``flat`` must not be modified afterwards.
         """
         new = dict(point)
+        if self._single:
+            e = self.entries[0]
+            if e.shape == flat.shape and e.dtype == "float64":
+                new[e.name] = flat  # the whole vector, as is (the common case)
+                return new
         for e in self.entries:
             new[e.name] = flat[e.start : e.start + e.size].reshape(e.shape).astype(
                 e.dtype, copy=False

@@ -23,6 +23,9 @@ import numpy as np
 
 __all__ = ["BufferedGenerator"]
 
+_FLOAT64 = np.float64  # a global name: read on every draw
+_MAX_VECTOR = 64
+
 
 class BufferedGenerator(np.random.Generator):
     """``Generator`` on ``generator``'s bit generator, with scalar draws taken in blocks.
@@ -57,7 +60,7 @@ class BufferedGenerator(np.random.Generator):
     __slots__ = ("block", "_normals", "_uniforms", "_vectors", "_vector_pos")
 
     #: Largest ``size`` of ``standard_normal(size)`` served from a block.
-    MAX_VECTOR = 64
+    MAX_VECTOR = _MAX_VECTOR
 
     def __init__(self, generator: np.random.Generator, block: int = 1024) -> None:
         super().__init__(generator.bit_generator)
@@ -67,22 +70,22 @@ class BufferedGenerator(np.random.Generator):
         self._normals: Any = iter(())
         self._uniforms: Any = iter(())
         self._vectors = np.empty(0)
-        self._vector_pos = 0
+        self._vector_pos = self.block  # empty: the first vector draws a block
 
     def standard_normal(  # type: ignore[override]
         self, size: Any = None, dtype: Any = np.float64, out: Any = None
     ) -> Any:
         """Standard normal draws; see ``numpy.random.Generator.standard_normal``."""
-        if out is None and dtype is np.float64:
+        if out is None and dtype is _FLOAT64:
             if size is None:
                 for z in self._normals:
                     return z
                 self._normals = iter(super().standard_normal(self.block).tolist())
                 return next(self._normals)
-            if type(size) is int and 0 <= size <= self.MAX_VECTOR:
+            if type(size) is int and 0 <= size <= _MAX_VECTOR:
                 a = self._vector_pos
                 b = a + size
-                if b > self._vectors.shape[0]:
+                if b > self.block:
                     self._vectors = super().standard_normal(self.block)
                     a, b = 0, size
                 self._vector_pos = b
@@ -93,7 +96,7 @@ class BufferedGenerator(np.random.Generator):
 
     def random(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
         """Uniform draws on [0, 1); see ``numpy.random.Generator.random``."""
-        if size is None and out is None and dtype is np.float64:
+        if size is None and out is None and dtype is _FLOAT64:
             for u in self._uniforms:
                 return u
             self._uniforms = iter(super().random(self.block).tolist())
