@@ -58,6 +58,8 @@ nitpick_ignore = [
     # must work without network access).
     ("py:class", "pymc.step_methods.compound.BlockedStep"),
     ("py:class", "pymc.step_methods.compound.StepMethodState"),
+    # NumPy's Generator, the base of BufferedGenerator (its private module path).
+    ("py:class", "numpy.random._generator.Generator"),
 ]
 exclude_patterns = [
     "_build",

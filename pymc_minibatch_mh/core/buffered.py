@@ -4,7 +4,7 @@ A minibatch step draws a handful of single random numbers (the proposal's increm
 the start of its row window, ``X_nc``, ``X_corr`` or a logistic value). Each call of a
 ``Generator`` method costs about 0.8 µs, mostly call overhead, and these calls add up
 to several per cent of a step that costs 40–60 µs. :class:`BufferedGenerator` draws
-them in blocks of :attr:`BufferedGenerator.block` values and hands them out one at a
+them in blocks (1024 values by default) and hands them out one at a
 time for about 0.1 µs each.
 
 It *is* a ``Generator`` on the same bit generator (state shared, no copy): every method
