@@ -29,7 +29,7 @@ from pymc_minibatch_mh.adapter.kernel import (
     clt_error_bound_fast,
     shuffle_fast,
 )
-from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK
+from pymc_minibatch_mh.adapter.likelihood import FULL_PASS_CHUNK, PointMap
 from pymc_minibatch_mh.adapter.source import PrefetchPolicy
 from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound
 from pymc_minibatch_mh.core.rows import ShuffledRows
@@ -328,3 +328,31 @@ def test_prefetch_cost_model_knows_how_growth_calls_are_sized(mix_model):
         step.use_kernel = use_kernel
         step._start_chain(np.random.default_rng(0))
         assert step._source.policy.sized_growth is use_kernel
+
+
+def test_point_map_reads_and_writes_a_float64_vector_without_copies():
+    """flat_view returns the point's own array only for one contiguous float64 vector;
+    to_point stores the vector itself there; every other case copies, with equal values."""
+    vec = PointMap(["a"], {"a": np.zeros(3)})
+    value = np.array([1.0, 2.0, 3.0])
+    assert vec.flat_view({"a": value}) is value
+    new = vec.to_point(value, {"a": np.zeros(3), "b": 1.0})
+    assert new["a"] is value and new["b"] == 1.0
+    strided = np.arange(6.0)[::2]
+    others = [
+        (vec, {"a": strided}),  # not contiguous
+        (vec, {"a": value.astype(np.float32)}),  # another dtype in the point
+        (PointMap(["a"], {"a": np.zeros(())}), {"a": np.array(2.0)}),  # a scalar
+        (PointMap(["a"], {"a": np.zeros((2, 2))}), {"a": np.eye(2)}),  # a matrix
+        (PointMap(["a"], {"a": np.zeros(2, np.float32)}), {"a": np.ones(2, np.float32)}),
+        (PointMap(["a", "b"], {"a": np.zeros(2), "b": 0.0}), {"a": value[:2], "b": 4.0}),
+    ]
+    for pmap, point in others:
+        flat = pmap.flat_view(point)
+        assert all(flat is not np.asarray(v) for v in point.values())
+        np.testing.assert_array_equal(flat, pmap.to_flat(point))
+        assert flat.dtype == np.float64 and flat.shape == (pmap.size,)
+    # A float32 variable is rounded back to float32 in the point (a copy, not the vector).
+    f32 = PointMap(["a"], {"a": np.zeros(2, np.float32)})
+    back = f32.to_point(np.array([0.1, 0.2]), {})
+    assert back["a"].dtype == np.float32

@@ -45,6 +45,8 @@ from pymc_minibatch_mh.core.rows import ShuffledRows
 
 __all__ = ["LikelihoodGraphs", "MinibatchLikelihood", "ModelNotSupportedError", "PointMap"]
 
+_FLOAT64 = np.dtype(np.float64)
+
 #: Rows per call when a whole pass over the data is evaluated (bounded memory).
 FULL_PASS_CHUNK = 1 << 18
 
@@ -84,6 +86,11 @@ class PointMap:
         self.entries: tuple[_Entry, ...] = tuple(entries)
         self.size = start
         self._single = len(entries) == 1
+        # One float64 vector variable: its value and the flat vector are the same array
+        # (to_point stores the vector as is, flat_view reads the value as is).
+        self._whole = (
+            self._single and entries[0].dtype == "float64" and entries[0].shape == (start,)
+        )
 
     def to_flat(self, point: Mapping[str, Any]) -> NDArray[np.float64]:
         """Flat float64 copy of the variables' values in ``point``."""
@@ -93,6 +100,25 @@ class PointMap:
             [np.asarray(point[e.name], dtype=np.float64).reshape(-1) for e in self.entries]
         )
 
+    def flat_view(self, point: Mapping[str, Any]) -> NDArray[np.float64]:
+        """The flat vector of ``point``'s variables, read only: not copied when it can be.
+
+        For one float64 vector variable held as a contiguous array of the right shape,
+        the point's own array (the caller must not modify it); otherwise :meth:`to_flat`.
+        Saves the copy (about 1.5 µs) on a hot path that only reads the state.
+        """
+        if self._whole:
+            e = self.entries[0]
+            value = point[e.name]
+            if (
+                type(value) is np.ndarray
+                and value.dtype is _FLOAT64
+                and value.shape == e.shape
+                and value.flags.c_contiguous
+            ):
+                return value
+        return self.to_flat(point)
+
     def to_point(self, flat: NDArray[np.float64], point: Mapping[str, Any]) -> dict[str, Any]:
         """A new point: ``point`` with the variables replaced by the values in ``flat``.
 
@@ -100,11 +126,9 @@ class PointMap:
         dtype is float64), so ``flat`` must not be modified afterwards.
         """
         new = dict(point)
-        if self._single:
-            e = self.entries[0]
-            if e.shape == flat.shape and e.dtype == "float64":
-                new[e.name] = flat  # the whole vector, as is (the common case)
-                return new
+        if self._whole:
+            new[self.entries[0].name] = flat  # the vector itself (the common case)
+            return new
         for e in self.entries:
             new[e.name] = flat[e.start : e.start + e.size].reshape(e.shape).astype(
                 e.dtype, copy=False

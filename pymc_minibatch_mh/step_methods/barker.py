@@ -197,13 +197,6 @@ class MinibatchBarker(MinibatchStep):
             and self.control_variate is None
             and not self.likelihood.other_shared
         )
-        # The lean path's memory of the flat state: for one float64 variable, whose value
-        # in the point is then a view of the flat vector (to_point does not round it).
-        entries = self.likelihood.point_map.entries
-        plain = len(entries) == 1 and entries[0].dtype == "float64"
-        self._flat_name = entries[0].name if plain else None
-        self._flat_of: Any = None
-        self._flat = np.empty(0)
 
     def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One Metropolis-Hastings transition with the minibatch Barker test.
@@ -218,14 +211,7 @@ class MinibatchBarker(MinibatchStep):
             return super().step(point)
         point_map = self.likelihood.point_map
         source = self._source
-        # The flat state is kept from the previous step while the point still holds the
-        # same array (PyMC passes the point on unchanged; other steps replace arrays,
-        # they do not write into them): to_flat copies, at about 1.5 µs.
-        value = point[self._flat_name] if self._flat_name is not None else None
-        if value is not None and value is self._flat_of:
-            x_cur = self._flat
-        else:
-            x_cur = point_map.to_flat(point)
+        x_cur = point_map.flat_view(point)  # only read below
         x_prop = self.proposal.propose(x_cur, self.scaling, self.rng)
         data_free, result = source.barker_step(
             x_cur, x_prop, self._inv_temperature, self.batch_size, *self._kernel_settings
@@ -243,11 +229,6 @@ class MinibatchBarker(MinibatchStep):
         if accepted:
             self._chain_accepted += 1
             point = point_map.to_point(x_prop, point)
-            x_cur = x_prop
-            if self._flat_name is not None:
-                value = point[self._flat_name]
-        self._flat_of = value
-        self._flat = x_cur
         stats = {
             "accepted": 1.0 if accepted else 0.0,
             "accept": accept,
