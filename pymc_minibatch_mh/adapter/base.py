@@ -1,11 +1,18 @@
-"""The shared PyMC step method of all minibatch acceptance tests.
+r"""The shared PyMC step method of all minibatch acceptance tests: one transition.
 
-:class:`MinibatchStep` owns everything that is not the acceptance test: the compiled
-per-observation likelihood (:mod:`~pymc_minibatch_mh.adapter.likelihood`), the random-walk
-proposal and its tuning (:mod:`~pymc_minibatch_mh.adapter.proposal`), the per-chain row
-order, temperature, stats and PyMC's per-chain hooks. A subclass supplies one method,
-``_decide(source, data_free)``, that calls a core test and returns its outcome, plus the
-declaration and extraction of its own stats.
+Every step method runs the same transition (:meth:`MinibatchStep.step`), a composition of
+four parts:
+
+1. map the point to the flat state θ (:class:`~pymc_minibatch_mh.adapter.pointmap.PointMap`);
+2. **propose** ``(θ′, log q-ratio)`` (:mod:`~pymc_minibatch_mh.adapter.proposal`);
+3. **open the Δ\* estimator** for (θ, θ′) and get its data-free part
+   (:mod:`~pymc_minibatch_mh.adapter.estimator`; its rows come from the **row store**,
+   :mod:`~pymc_minibatch_mh.adapter.store`);
+4. run the **acceptance test** on the estimator (a core test; the subclass's ``_decide``),
+   update the **tuner**, and return the outcome's stats plus the common ones.
+
+A subclass supplies ``_decide(estimator, data_free)`` and the declaration and extraction
+of its own stats.
 """
 
 from __future__ import annotations
@@ -26,17 +33,16 @@ from pymc.vartypes import continuous_types
 
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import (
-    TaylorControlVariate,
+    TaylorEstimator,
     laplace_proposal,
-    make_control_variate,
+    make_estimator,
 )
+from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal, ScalingTuner
+from pymc_minibatch_mh.adapter.proposal import Proposal, RandomWalkProposal, ScalingTuner
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
-from pymc_minibatch_mh.adapter.source import PairSource, PrefetchPolicy
 from pymc_minibatch_mh.core.barker import TestOutcome
 from pymc_minibatch_mh.core.buffered import BufferedGenerator
-from pymc_minibatch_mh.core.rows import ShuffledRows
 
 __all__ = ["MinibatchStep", "MinibatchStepState", "ModelNotSupportedError"]
 
@@ -45,8 +51,8 @@ __all__ = ["MinibatchStep", "MinibatchStepState", "ModelNotSupportedError"]
 class MinibatchStepState(StepMethodState):
     """Resumable state: generator, proposal scale and tuning, temperature.
 
-    The per-chain row order is not part of it (it is O(N)); a resumed chain starts a new
-    random order, which changes no distribution.
+    The row store's permutation is not part of it (it is O(N)); a resumed chain draws
+    its rows afresh, which changes no distribution.
     """
 
     tuner: ScalingTuner
@@ -94,7 +100,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         a clear error if it is not finite (one O(N) pass per chain).
     prefetch : int or "auto"
         Rounds of rows evaluated per compiled call (see
-        :mod:`~pymc_minibatch_mh.adapter.source`); changes the cost, not the results.
+        :mod:`~pymc_minibatch_mh.adapter.estimator`); changes the cost, not the results.
     control_variate : {None, "taylor"}
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
@@ -117,6 +123,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
     #: Whether ``control_variate=`` applies to this step method.
     supports_control_variate: ClassVar[bool] = True
+    #: Whether the test grows minibatches of ``batch_size`` rows (False: full passes only).
+    uses_minibatches: ClassVar[bool] = True
 
     #: Stats shared by every minibatch step; dtypes match PyMC's samplers where names clash.
     common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
@@ -127,7 +135,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         "full_data": (bool, []),
         "nonfinite": (bool, []),
         "extra_evaluations": (np.int64, []),
-        "scaling": (np.float64, []),
+        **ScalingTuner.stats_dtypes_shapes,
         "temperature": (np.float64, []),
         "tune": (bool, []),
         "mean_batch_size": (np.float64, []),
@@ -175,8 +183,6 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         )
         self.vars = self.likelihood.value_vars
         self.model = model
-        laplace = isinstance(S, str) and S == "laplace"
-        self.proposal = RandomWalkProposal(None if laplace else S, self.likelihood.point_map.size)
         self.tuner = ScalingTuner(float(scaling), target=target_accept)
         self.scaling = float(scaling)
         self.tune = bool(tune)
@@ -184,19 +190,24 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self.temperature = float(temperature)
         self.check_start = bool(check_start)
         self.rng = get_random_generator(rng)
-        self._source = PairSource(
-            self.likelihood, PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+        self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+        #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
+        self.estimator: RatioEstimator = make_estimator(
+            control_variate, self.likelihood, self.policy, reference=reference,
+            recenter=recenter, step_name=type(self).__name__,
+            supported=self.supports_control_variate,
         )
-        self.control_variate: TaylorControlVariate | None = make_control_variate(
-            control_variate, self.likelihood, reference=reference, recenter=recenter,
-            step_name=type(self).__name__, supported=self.supports_control_variate,
+        #: The estimator when it has control variates, else None.
+        self.control_variate: TaylorEstimator | None = (
+            self.estimator if isinstance(self.estimator, TaylorEstimator) else None
         )
-        if self.control_variate is not None:
-            self.control_variate.attach(self._source)
-        if laplace:
-            self.proposal = laplace_proposal(self.control_variate, self._temperature)
+        laplace = isinstance(S, str) and S == "laplace"
+        self.proposal: Proposal = (
+            laplace_proposal(self.control_variate, self._temperature) if laplace
+            else RandomWalkProposal(S, self.likelihood.point_map.size)
+        )
         self._tuning = True
-        self._rows: ShuffledRows | None = None
+        self._started = False
         self._n_rows = self.likelihood.n_rows_initial
         self._warned_nonfinite = False
         self._chain_started = False
@@ -228,17 +239,14 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.rng = rng = BufferedGenerator(rng)
-        self.likelihood.check_model_unchanged()
-        self._n_rows = self.likelihood.n_rows()
-        if self.batch_size > self._n_rows:
+        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
+        if self.uses_minibatches and self.batch_size > self._n_rows:
             raise ValueError(
                 f"batch_size={self.batch_size} is larger than the number of observations "
                 f"N={self._n_rows}. Use a batch_size between 1 and N."
             )
-        self._rows = self.likelihood.make_rows(self._n_rows, rng)
-        self._source.start_chain(self._rows, self._n_rows, self.batch_size)
-        if self.control_variate is not None:
-            self.control_variate.start_chain()
+        self.estimator.start_chain(rng, self.batch_size)
+        self._started = True
         self._tuning = True
         self._chain_started = False
         self._warned_nonfinite = False
@@ -263,43 +271,45 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
     # --------------------------------------------------------------------- step
     @abstractmethod
-    def _decide(self, source: PairSource, data_free: float) -> TestOutcome:
-        """Run the acceptance test on the prepared source."""
-
-    def _run_test(self, x_cur: np.ndarray, x_prop: np.ndarray) -> TestOutcome:
-        """Open the step's minibatch source, run the acceptance test, close the source."""
-        source = self._source
-        data_free = source.begin(x_cur, x_prop, self._inv_temperature)
-        outcome = self._decide(source, data_free)
-        source.finish(outcome.rounds)
-        return outcome
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> TestOutcome:
+        """Run the acceptance test on the opened estimator."""
 
     def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
         """The test-specific stats of one outcome (see ``test_stats``)."""
         return {}
 
+    def _begin_chain(self, point: Mapping[str, Any]) -> None:
+        """The chain's first step: checks of the point (and a start outside pm.sample)."""
+        if not self._started:
+            self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
+        self._check_same_model(point)
+        if self.check_start:
+            self.likelihood.check_point(point)
+        self._chain_started = True
+
     def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One Metropolis-Hastings transition with a minibatch acceptance test."""
-        if self._rows is None:
-            # Used outside pm.sample (no chain hook was called).
-            self._start_chain(self.rng)
-        lik = self.likelihood
+        """One transition: map the point, propose, open the estimator, test, tune."""
         if not self._chain_started:
-            self._check_same_model(point)
-            if self.check_start:
-                lik.check_point(point, self._n_rows)
-            self._chain_started = True
+            self._begin_chain(point)
         if self._next_change is not None and self._chain_steps >= self._next_change:
             self.temperature, self._step_factor = self.schedule(self._chain_steps)
             self._next_change = self.schedule.next_change(self._chain_steps)
+        lik = self.likelihood
         if lik.other_shared:
             lik.set_others(point)
-        x_cur = lik.point_map.to_flat(point)
-        recentered = 0
-        if self._tuning and self.control_variate is not None:
-            recentered = self.control_variate.maybe_recenter(x_cur)
-        x_prop = self.proposal.propose(x_cur, self.scaling * self._step_factor, self.rng)
-        return self._complete_step(point, x_prop, self._run_test(x_cur, x_prop), recentered)
+        x_cur = lik.point_map.flat_view(point)  # only read below
+        estimator = self.estimator
+        recentered = estimator.maybe_recenter(x_cur) if self._tuning else 0
+        x_prop, log_q_ratio = self.proposal.propose(
+            self.rng, x_cur, self.scaling * self._step_factor
+        )
+        data_free = estimator.open(
+            x_cur, x_prop, self._inv_temperature, log_q_ratio,
+            self.policy.rows if self.uses_minibatches else 0,
+        )
+        outcome = self._decide(estimator, data_free)
+        estimator.close(outcome.rounds)
+        return self._complete_step(point, x_prop, outcome, recentered)
 
     def _complete_step(
         self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, recentered: int
@@ -333,7 +343,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "full_data": outcome.full_data,
             "nonfinite": outcome.nonfinite,
             "extra_evaluations": outcome.extra_evaluations + recentered,
-            "scaling": self.scaling * self._step_factor,
+            "scaling": self.scaling * self._step_factor,  # the tuner's stat
             "temperature": self._temperature,
             "tune": self.tune,
             "mean_batch_size": self._chain_batch_total / steps,

@@ -24,9 +24,7 @@ __all__ = [
     "PYMC_MAJOR",
     "PYTENSOR_MAJOR",
     "ChainSetupMixin",
-    "DirectCall",
     "default_mode",
-    "direct_call",
     "jvp",
     "group",
     "posterior",
@@ -83,101 +81,9 @@ def call_cost_rows(mode: Any) -> float:
     With Numba a call costs about 4–7 µs against 0.07–0.13 µs per row on the Gaussian
     mixture; PyTensor 2's C virtual machine about 28 µs against 0.17 µs per row. Used to
     choose how many rows to evaluate per call
-    (:class:`~pymc_minibatch_mh.adapter.source.PrefetchPolicy`).
+    (:class:`~pymc_minibatch_mh.adapter.estimator.PrefetchPolicy`).
     """
     return 100.0 if str(mode).upper() == "NUMBA" else 165.0
-
-
-class DirectCall:
-    """Calls the jitted graph of a Numba-compiled PyTensor function directly.
-
-    See :func:`direct_call`. Pickles as the PyTensor function alone (a jitted graph does
-    not survive pickling; it is looked up again after unpickling, e.g. in a spawned
-    process of ``pm.sample``).
-    """
-
-    __slots__ = ("_cells", "_jit", "_single", "fn")
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self._bind()
-
-    def _bind(self) -> None:
-        fn = self.fn
-        n_explicit = sum(not getattr(i, "shared", False) for i in fn.maker.inputs)
-        self._jit = fn.vm.jit_fn
-        self._cells = tuple(fn.vm.inputs[n_explicit:])
-        self._single = bool(getattr(fn, "unpack_single", False))
-
-    def __call__(self, *args: Any) -> Any:
-        """Call the function with its explicit inputs."""
-        cells = self._cells
-        if len(cells) == 1:  # the common case: no list built per call
-            out = self._jit(*args, cells[0][0])
-        else:
-            out = self._jit(*args, *[c[0] for c in cells])
-        return out[0] if self._single else out
-
-    def unwrapped(self) -> tuple[Any, tuple[Any, ...]] | None:
-        """``(jit, shared_values)`` such that ``jit(*args, *shared_values)`` is this call.
-
-        The shared values are read now: valid until the next ``set_value``. None when the
-        output needs unpacking (a single-output function).
-        """
-        if self._single:
-            return None
-        cells = self._cells
-        if len(cells) == 1:
-            return self._jit, (cells[0][0],)
-        return self._jit, tuple([c[0] for c in cells])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"fn": self.fn}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.fn = state["fn"]
-        self._bind()
-
-
-def direct_call(fn: Any) -> Any:
-    """A faster way to call a compiled PyTensor function of the Numba backend.
-
-    ``Function.__call__`` and the linker's thunk cost about 4–10 µs per call around the
-    jitted graph, which is several times the work on a small minibatch. With the Numba
-    backend (PyTensor 2.x and 3.x alike) the compiled function keeps the jitted graph as
-    ``fn.vm.jit_fn`` and the storage cells of its shared variables as the trailing
-    ``fn.vm.inputs``; this returns a :class:`DirectCall` that passes the explicit inputs
-    and the current values of those cells straight to the jitted graph (so ``set_value``
-    on a shared variable is seen). The explicit inputs must already have the exact types
-    (``trust_input``). Any other function (another backend, updates, named outputs) is
-    returned unchanged.
-
-    Parameters
-    ----------
-    fn : pytensor.compile.function.types.Function
-        A compiled function.
-
-    Returns
-    -------
-    callable
-        Same arguments and outputs as ``fn`` (a tuple for several outputs).
-
-    """
-    vm = getattr(fn, "vm", None)
-    maker = getattr(fn, "maker", None)
-    if (
-        getattr(vm, "jit_fn", None) is None
-        or getattr(vm, "inputs", None) is None
-        or maker is None
-        or maker.fgraph.update_mapping
-        or getattr(fn, "return_none", False)
-        or getattr(fn, "output_keys", None) is not None
-    ):
-        return fn
-    explicit = [not getattr(i, "shared", False) for i in maker.inputs]
-    if any(explicit[sum(explicit):]):
-        return fn  # explicit inputs are not first: keep the safe path
-    return DirectCall(fn)
 
 
 def jvp(f: Any, wrt: Any, tangent: Any) -> Any:

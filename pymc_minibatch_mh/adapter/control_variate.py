@@ -1,9 +1,8 @@
 r"""Taylor control variates on a PyMC model: the estimator of Δ* with residuals.
 
-:class:`TaylorControlVariate` replaces the step's per-block function (the source's
-``delta_fn``, see :mod:`~pymc_minibatch_mh.adapter.source`) by one with the same
-signature, ``(x_cur, x_prop, rows, inv_temperature) -> (r, cumsum(r − r₀),
-cumsum((r − r₀)²), data_free)``, whose per-row values are the tempered *residuals*
+:class:`TaylorEstimator` is a Δ* estimator (:mod:`~pymc_minibatch_mh.adapter.estimator`)
+whose per-row function, ``(x_cur, x_prop, inv_temperature, *rows) -> (r, data_free)``,
+gives the tempered *residuals*
 
 .. math::
 
@@ -17,14 +16,9 @@ variance of the residuals.
 
 How each part is computed:
 
-- **θ̂**: the mode of the full-data log posterior over the sampled variables (flat,
-  transformed space; the other free variables held at the initial point), found with
-  SciPy's L-BFGS-B on the compiled full-data log posterior and its gradient, then
-  polished by Newton steps until the Newton decrement (the distance to the mode in
-  posterior standard deviations) is below ``MAP_TOLERANCE``; or the user's
-  ``reference`` point.
-- **G and H**: one pass over the data at θ̂ in chunks of rows (gradient and Hessian of
-  the chunk's summed log-likelihood, with PyTensor); O(d²) memory, never per row.
+- **θ̂, G and H**: the MAP (or the user's ``reference`` point) and one pass over the
+  data at θ̂ (:class:`~pymc_minibatch_mh.adapter.reference.TaylorPasses`); O(d²) memory,
+  never per row.
 - **The per-row terms** ``g_iᵀδ`` and ``δᵀH_i w`` on the minibatch rows: forward-mode
   products at θ̂ (:func:`~pymc_minibatch_mh.adapter.compat.jvp`, twice for the
   second-order term), compiled into the same per-step function as the ratios. Measured
@@ -34,10 +28,10 @@ How each part is computed:
   d = 50) for no gain.
 
 The rows evaluated while building the estimator (every pass of the MAP search and the
-pass at θ̂) are counted in :attr:`TaylorControlVariate.setup_evaluations`; the estimator
+pass at θ̂) are counted in :attr:`TaylorEstimator.setup_evaluations`; the estimator
 is built once, when the step is built, and shared by all chains, so it appears in no
 chain's sample stats. Re-centring (optional, during tuning only, see
-:meth:`TaylorControlVariate.maybe_recenter`) makes one more pass, counted in the step's
+:meth:`TaylorEstimator.maybe_recenter`) makes one more pass, counted in the step's
 ``extra_evaluations`` stat and flagged in its ``recentered`` stat.
 """
 
@@ -45,62 +39,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
-from pytensor.gradient import grad
 from pytensor.graph.traversal import graph_inputs
-from scipy import optimize
 
-from pymc_minibatch_mh.adapter.compat import direct_call, jvp
-from pymc_minibatch_mh.adapter.likelihood import (
-    FULL_PASS_CHUNK,
-    MinibatchLikelihood,
-    ModelNotSupportedError,
-    _checks_as_ninf,
-    clone_replace,
-)
+from pymc_minibatch_mh.adapter.checks import ModelNotSupportedError
+from pymc_minibatch_mh.adapter.compat import jvp
+from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
+from pymc_minibatch_mh.adapter.graph import checks_as_ninf, clone_replace
+from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal
-from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
+from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
+from pymc_minibatch_mh.adapter.reference import (
+    MAP_TOLERANCE,
+    ControlVariateError,
+    TaylorPasses,
+)
+from pymc_minibatch_mh.core.control_variate import TaylorReference
 
 __all__ = [
     "CONTROL_VARIATES",
     "MAP_TOLERANCE",
     "ControlVariateError",
-    "TaylorControlVariate",
+    "TaylorEstimator",
     "laplace_proposal",
-    "make_control_variate",
+    "make_estimator",
 ]
 
 #: The control variates a step method accepts (``control_variate=...``).
 CONTROL_VARIATES: tuple[str, ...] = ("taylor",)
 
-#: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
-#: accepted for the MAP found by the package.
-MAP_TOLERANCE: float = 1e-3
 
-# PyTensor mode of the full-data passes (MAP search and G, H). PyTensor's C backend ran
-# them 1–3 × faster than Numba on chunks of 2^18 rows (logistic regression, d = 10).
-_FULL_PASS_MODE = "FAST_RUN"
-
-
-class ControlVariateError(ValueError):
-    """The control variates cannot be built; the message says why and what to do."""
-
-
-def make_control_variate(
+def make_estimator(
     kind: str | None,
     likelihood: MinibatchLikelihood,
+    policy: PrefetchPolicy,
     *,
     reference: Mapping[str, Any] | None = None,
     recenter: float | None = None,
     step_name: str = "MinibatchBarker",
     supported: bool = True,
-) -> TaylorControlVariate | None:
-    """Build the control variate a step method was asked for (or None).
+) -> RatioEstimator:
+    """Build the Δ* estimator a step method was asked for.
 
     Parameters
     ----------
@@ -108,10 +92,12 @@ def make_control_variate(
         The ``control_variate`` setting of the step.
     likelihood : MinibatchLikelihood
         The step's compiled likelihood.
+    policy : PrefetchPolicy
+        The step's prefetch policy.
     reference : dict, optional
-        The step's ``reference`` setting (see :class:`TaylorControlVariate`).
+        The step's ``reference`` setting (see :class:`TaylorEstimator`).
     recenter : float, optional
-        The step's ``recenter`` setting (see :class:`TaylorControlVariate`).
+        The step's ``recenter`` setting (see :class:`TaylorEstimator`).
     step_name : str
         Used in error messages.
     supported : bool
@@ -119,8 +105,8 @@ def make_control_variate(
 
     Returns
     -------
-    TaylorControlVariate or None
-        None when ``kind`` is None.
+    RatioEstimator
+        The plain ratios when ``kind`` is None, else a :class:`TaylorEstimator`.
 
     Raises
     ------
@@ -135,7 +121,7 @@ def make_control_variate(
                 "reference= and recenter= are settings of the control variates; they need "
                 "control_variate='taylor' (they were given with control_variate=None)."
             )
-        return None
+        return RatioEstimator(likelihood, policy)
     if kind not in CONTROL_VARIATES:
         raise ValueError(
             f"control_variate must be one of {CONTROL_VARIATES} or None, got {kind!r}."
@@ -146,19 +132,19 @@ def make_control_variate(
             "save anything there (Δ is the same, up to rounding). Remove "
             "control_variate=..., or use MinibatchBarker(control_variate='taylor')."
         )
-    return TaylorControlVariate(
-        likelihood, reference=reference, recenter=recenter, step_name=step_name
+    return TaylorEstimator(
+        likelihood, policy, reference=reference, recenter=recenter, step_name=step_name
     )
 
 
 def laplace_proposal(
-    control_variate: TaylorControlVariate | None, temperature: float = 1.0
+    control_variate: TaylorEstimator | None, temperature: float = 1.0
 ) -> RandomWalkProposal:
     """The random-walk proposal with the Laplace covariance at θ̂ (``S="laplace"``).
 
     Parameters
     ----------
-    control_variate : TaylorControlVariate or None
+    control_variate : TaylorEstimator or None
         The step's control variate (None raises).
     temperature : float
         K; the likelihood's curvature is divided by K.
@@ -184,13 +170,15 @@ def laplace_proposal(
     return RandomWalkProposal(cov, cov.shape[0])
 
 
-class TaylorControlVariate:
-    r"""Second-order Taylor control variates for a step's estimate of Δ.
+class TaylorEstimator(RatioEstimator):
+    r"""Δ* from second-order Taylor control variates: closed form plus residuals.
 
     Parameters
     ----------
     likelihood : MinibatchLikelihood
-        The step's compiled likelihood (its graphs are reused).
+        The step's compiled likelihood (its graphs and row store are reused).
+    policy : PrefetchPolicy
+        Size of the first block of a step (see :class:`RatioEstimator`).
     reference : dict, optional
         The reference point θ̂ as a point dict: a value for every sampled variable, by
         value-variable name (transformed, e.g. ``sigma_log__``) or by variable name (then
@@ -231,48 +219,50 @@ class TaylorControlVariate:
 
     """
 
+    name: ClassVar[str] = "taylor"
+
+    __slots__ = ("passes", "step_name", "recenter_threshold", "dim", "_theta", "_gradient",
+                 "_hessian", "recenterings", "map_evaluations", "setup_evaluations",
+                 "initial_reference", "reference", "_data")
+
     def __init__(
         self,
         likelihood: MinibatchLikelihood,
+        policy: PrefetchPolicy,
         *,
         reference: Mapping[str, Any] | None = None,
         recenter: float | None = None,
         step_name: str = "MinibatchBarker",
     ) -> None:
-        self.likelihood = likelihood
-        self.step_name = step_name
         if recenter is not None and not (
             isinstance(recenter, int | float) and not isinstance(recenter, bool)
             and math.isfinite(recenter) and recenter > 0
         ):
             raise ValueError(f"recenter must be a positive number or None, got {recenter!r}.")
+        self.likelihood = likelihood
+        self.step_name = step_name
         self.recenter_threshold = None if recenter is None else float(recenter)
         self._check_other_variables()
-        x_ref = None if reference is None else self._reference_flat(reference)
-        graphs = likelihood.graphs
+        self.passes = passes = TaylorPasses(likelihood, step_name)
+        x_ref = None if reference is None else passes.reference_flat(reference)
         d = likelihood.point_map.size
         self.dim = d
         self._theta = pytensor.shared(np.zeros(d), name="cv_theta_hat")
         self._gradient = pytensor.shared(np.zeros(d), name="cv_gradient")
         self._hessian = pytensor.shared(np.zeros((d, d)), name="cv_hessian")
-        self._compile_full_pass(graphs)
-        self.delta_fn = self._compile_delta(graphs)
-
-        #: Rows evaluated by full passes since the estimator was built.
-        self.evaluations = 0
+        super().__init__(likelihood, policy, self._compile_delta(likelihood.graphs))
         #: Re-centrings since the estimator was built, over all chains of this process.
         self.recenterings = 0
-        self.map_decrement = math.nan
         if reference is None:
             x0 = likelihood.point_map.to_flat(likelihood.initial_point)
-            ref = self._find_map(x0)
+            ref = passes.find_map(x0)
         else:
-            ref = self._reference_at(x_ref, what="reference point")
+            ref = passes.reference_at(x_ref, what="reference point")
         #: Rows evaluated by the MAP search, its last pass being the pass at θ̂ (0 with a
         #: user reference).
-        self.map_evaluations = self.evaluations if reference is None else 0
+        self.map_evaluations = passes.evaluations if reference is None else 0
         #: Rows evaluated while building the estimator (MAP search and the pass at θ̂).
-        self.setup_evaluations = self.evaluations
+        self.setup_evaluations = passes.evaluations
         #: The reference built with the step; each chain starts from it.
         self.initial_reference: TaylorReference = ref
         self.reference: TaylorReference = ref
@@ -284,7 +274,12 @@ class TaylorControlVariate:
                     f"recenter= needs the Laplace metric at the reference point: {err}"
                 ) from None
         self._set_reference(ref)
-        self._data = [(s, s.get_value(borrow=True)) for s in likelihood._row_data]
+        self._data = self.store.arrays
+
+    @property
+    def map_decrement(self) -> float:
+        """Newton decrement at the MAP the step found (NaN with a user reference)."""
+        return self.passes.map_decrement
 
     # ------------------------------------------------------------------ graphs
     def _check_other_variables(self) -> None:
@@ -302,56 +297,15 @@ class TaylorControlVariate:
                 "include them), or use control_variate=None for this step."
             )
 
-    def _compile_full_pass(self, graphs: Any) -> None:
-        # The Hessians are assembled column by column from Hessian-vector products
-        # (reverse over reverse): PyTensor's vectorised jacobian can send the graph
-        # rewriter into a loop (seen with a Normal likelihood), its scan version compiles
-        # slowly, and d products per chunk cost little next to the rest of the pass.
-        flat, rows = graphs.flat, graphs.rows
-        v = pt.vector("v", dtype="float64")
-        (row_loglik,) = _checks_as_ninf([graphs.row_loglik])
-        (prior,) = _checks_as_ninf([graphs.prior])
-        total = pt.sum(row_loglik)
-        g = grad(total, flat)
-        hv = grad(pt.dot(g, v), flat)
-        prior_g = grad(prior, flat, disconnected_inputs="ignore")
-        prior_hv = grad(pt.dot(prior_g, v), flat, disconnected_inputs="ignore")
-
-        def compile_fn(inputs: list[Any], outputs: Any) -> Any:
-            fn = pytensor.function(
-                inputs, outputs, mode=_FULL_PASS_MODE, on_unused_input="ignore"
-            )
-            fn.trust_input = True
-            return fn
-
-        self._value_grad_fn = compile_fn([flat, rows], [total, g])
-        self._hvp_fn = compile_fn([flat, rows, v], hv)
-        # No data in the prior: a quickly compiled function is fast enough.
-        self._prior_all_fn = pytensor.function(
-            [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
-            on_unused_input="ignore",
-        )
-
-    def _prior_fn(
-        self, x: NDArray[np.float64], hessian: bool = False
-    ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
-        """Log prior (with Jacobians and Potentials), its gradient and Hessian at ``x``."""
-        eye = np.eye(self.dim)
-        value, g, _ = self._prior_all_fn(x, eye[0])
-        h = None
-        if hessian:
-            h = np.column_stack([self._prior_all_fn(x, eye[j])[2] for j in range(self.dim)])
-        return float(value), np.asarray(g), h
-
     def _compile_delta(self, graphs: Any) -> Any:
-        """The per-block function with residuals (the source's ``delta_fn`` contract)."""
+        """The per-row function with residuals (the estimator's ``fn`` contract)."""
         # Directional derivatives at a free point t, in free directions u and v; θ̂, δ and
         # w are substituted afterwards (w depends on θ̂, so the derivatives must not see
         # that dependence).
         t = pt.vector("t", dtype="float64")
         u = pt.vector("u", dtype="float64")
         v = pt.vector("v", dtype="float64")
-        (row_loglik,) = _checks_as_ninf([graphs.row_loglik])
+        (row_loglik,) = checks_as_ninf([graphs.row_loglik])
         at_t = clone_replace(row_loglik, {graphs.flat: t})
         first = jvp(at_t, t, u)  # g_iᵀ u
         second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
@@ -365,184 +319,24 @@ class TaylorControlVariate:
         closed_form = (
             pt.dot(self._gradient, delta) + 0.5 * pt.dot(delta, pt.dot(self._hessian, w))
         ) * inv_t
-        # Rows are read where the step's own function reads them (the chain's row order).
-        outputs = _checks_as_ninf(
-            self.likelihood.on_arranged_rows([residuals, graphs.prior_delta + closed_form])
+        fn = self.likelihood.compile(
+            [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
         )
-        fn = pytensor.function(
-            [x_cur, x_prop, graphs.rows, inv_t],
-            outputs,
-            mode=self.likelihood.mode,
-            on_unused_input="ignore",
-        )
-        fn.trust_input = True
         return direct_call(fn)
 
-    # ------------------------------------------------------------- full passes
-    def _n_rows(self) -> int:
-        return self.likelihood.n_rows_initial
-
-    def _full_pass(
-        self, x: NDArray[np.float64], hessian: bool
-    ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
-        """Sum, gradient (and Hessian) of the log-likelihood over all rows, in chunks."""
-        n = self._n_rows()
-        d = self.dim
-        total = 0.0
-        g = np.zeros(d)
-        h = np.zeros((d, d)) if hessian else None
-        eye = np.eye(d)
-        for start in range(0, n, FULL_PASS_CHUNK):
-            rows = np.arange(start, min(n, start + FULL_PASS_CHUNK), dtype=np.int64)
-            value, grad_value = self._value_grad_fn(x, rows)
-            total += float(value)
-            g += grad_value
-            if h is not None:
-                for j in range(d):
-                    h[:, j] += self._hvp_fn(x, rows, eye[j])
-        self.evaluations += n
-        return total, g, h
-
-    def _reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:
-        """G and H at ``x`` (one counted pass), checked finite."""
-        loglik, g, h = self._full_pass(x, hessian=True)
-        _, _, prior_h = self._prior_fn(x, hessian=True)
-        if not (math.isfinite(loglik) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
-            raise ControlVariateError(
-                f"The log-likelihood or its derivatives are not finite at the {what} "
-                f"({self._describe(x)}): log-likelihood {loglik}. Give a reference= point "
-                "where every observation has positive likelihood, or use "
-                "control_variate=None."
-            )
-        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
-        return TaylorReference(x.copy(), g, h, prior_h, loglik=loglik)
-
-    def full_residuals(
+    def delta(
         self,
         x_cur: NDArray[np.float64],
         x_prop: NDArray[np.float64],
+        rows: NDArray[np.int64],
         inv_temperature: NDArray[np.float64],
-        n_rows: int,
-    ) -> NDArray[np.float64]:
-        """The tempered residuals of all N rows, in bounded-memory chunks.
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Residuals of the given rows (row indices), and the data-free part.
 
-        What a test that needs a full pass (AustereMH's adaptive design, MHSubLhd's range
-        without a user bound) receives instead of the ratios when control variates are on.
+        The data-free part includes the closed form; the counterpart of
+        :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.delta`.
         """
-        out = np.empty(n_rows)
-        for start in range(0, n_rows, FULL_PASS_CHUNK):
-            stop = min(n_rows, start + FULL_PASS_CHUNK)
-            rows = np.arange(start, stop, dtype=np.int64)
-            out[start:stop] = self.delta_fn(x_cur, x_prop, rows, inv_temperature)[0]
-        return out
-
-    # ---------------------------------------------------------------- θ̂
-    def _describe(self, x: NDArray[np.float64]) -> str:
-        point = self.likelihood.point_map.to_point(x, {})
-        return ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in point.items())
-
-    def _reference_flat(self, reference: Mapping[str, Any]) -> NDArray[np.float64]:
-        if not isinstance(reference, Mapping):
-            raise ControlVariateError(
-                "reference must be a point dict (variable name -> value), such as what "
-                f"pm.find_MAP() returns; got {type(reference).__name__}."
-            )
-        model = self.likelihood.model
-        values: dict[str, Any] = {}
-        missing = []
-        for var, e in zip(self.likelihood.value_vars, self.likelihood.point_map.entries,
-                          strict=True):
-            if e.name in reference:
-                values[e.name] = reference[e.name]
-                continue
-            rv = model.values_to_rvs[var]
-            if rv.name in reference:
-                transform = model.rvs_to_transforms.get(rv)
-                value = np.asarray(reference[rv.name], dtype=np.float64)
-                if transform is not None:
-                    try:
-                        value = np.asarray(
-                            transform.forward(pt.as_tensor(value), *rv.owner.inputs).eval()
-                        )
-                    except Exception as err:  # noqa: BLE001 - re-raised with advice
-                        raise ControlVariateError(
-                            f"Could not transform the reference value of {rv.name!r} to "
-                            f"the sampled space ({err.__class__.__name__}: {err}). Give "
-                            f"the transformed value under the name {e.name!r} instead."
-                        ) from err
-                values[e.name] = value
-                continue
-            missing.append(e.name if e.name == rv.name else f"{rv.name} (or {e.name})")
-        if missing:
-            raise ControlVariateError(
-                f"The reference point has no value for {missing}. Give a value for every "
-                f"variable this {self.step_name} samples (or leave reference=None to let "
-                "the step find the MAP)."
-            )
-        for e in self.likelihood.point_map.entries:
-            value = np.asarray(values[e.name], dtype=np.float64)
-            if value.size != e.size:
-                raise ControlVariateError(
-                    f"The reference value of {e.name!r} has shape {value.shape}, but the "
-                    f"variable has shape {e.shape}."
-                )
-            if not np.all(np.isfinite(value)):
-                raise ControlVariateError(
-                    f"The reference value of {e.name!r} is not finite: {value.tolist()}."
-                )
-            values[e.name] = value.reshape(e.shape)
-        return self.likelihood.point_map.to_flat(values)
-
-    def _find_map(self, x0: NDArray[np.float64]) -> TaylorReference:
-        """The mode of the full-data log posterior: L-BFGS-B, then Newton steps."""
-        def negative_log_posterior(x: NDArray[np.float64]) -> tuple[float, Any]:
-            loglik, g, _ = self._full_pass(x, hessian=False)
-            prior, prior_g, _ = self._prior_fn(x)
-            value = -(loglik + float(prior))
-            if not math.isfinite(value):
-                return math.inf, np.zeros_like(x)
-            return value, -(g + prior_g)
-
-        with np.errstate(all="ignore"):
-            result = optimize.minimize(
-                negative_log_posterior, x0, jac=True, method="L-BFGS-B",
-                options={"maxiter": 1000},
-            )
-        x = np.asarray(result.x, dtype=np.float64)
-        decrement = math.inf
-        ref = None
-        for _ in range(20):
-            try:
-                ref = self._reference_at(x, what="point the MAP search reached")
-            except ControlVariateError:
-                break
-            _, prior_g, _ = self._prior_fn(x)
-            g_post = ref.gradient + prior_g
-            precision = ref.precision()
-            decrement = newton_decrement(g_post, precision)
-            if decrement <= MAP_TOLERANCE or not math.isfinite(decrement):
-                break
-            # A Newton step, halved until the log posterior does not decrease.
-            step = np.linalg.solve(precision, g_post)
-            current = ref.loglik + float(self._prior_fn(x)[0])
-            for _ in range(30):
-                trial = x + step
-                value = -negative_log_posterior(trial)[0]
-                if value >= current - 1e-10 * abs(current):
-                    break
-                step = step / 2.0
-            x = trial
-        if ref is None or not decrement <= MAP_TOLERANCE:
-            raise ControlVariateError(
-                "The MAP search for the control variates' reference point did not "
-                f"converge (L-BFGS-B: {result.message!s}; Newton decrement "
-                f"{decrement:.3g}, the distance to the mode in posterior standard "
-                f"deviations, should be below {MAP_TOLERANCE}) at {self._describe(x)}. "
-                "Pass reference={...} (e.g. from pm.find_MAP() with more iterations, or "
-                "the posterior mean of a short run), or use control_variate=None."
-            )
-        self.map_decrement = decrement
-        return ref
+        return self.fn(x_cur, x_prop, inv_temperature, *self.store.rows(rows))
 
     # ---------------------------------------------------------------- per chain
     def _set_reference(self, ref: TaylorReference) -> None:
@@ -551,12 +345,7 @@ class TaylorControlVariate:
         self._gradient.set_value(np.array(ref.gradient), borrow=False)
         self._hessian.set_value(np.array(ref.hessian), borrow=False)
 
-    def attach(self, source: Any) -> None:
-        """Make a :class:`~pymc_minibatch_mh.adapter.source.PairSource` use the residuals."""
-        source.delta_fn = self.delta_fn
-        source.full_pass_fn = self.full_residuals
-
-    def start_chain(self) -> None:
+    def start_chain(self, rng: np.random.Generator, batch_size: int) -> None:
         """Start a chain from the reference built with the step; refuse changed data.
 
         Raises
@@ -566,13 +355,14 @@ class TaylorControlVariate:
             step was built: G and H belong to the old data.
 
         """
-        for shared, value in self._data:
-            now = shared.get_value(borrow=True)
+        super().start_chain(rng, batch_size)
+        for var, value, now in zip(self.store.row_vars, self._data, self.store.arrays,
+                                   strict=True):
             if now is value:
                 continue
             if now.shape != value.shape or not np.array_equal(now, value):
                 raise ControlVariateError(
-                    f"The data {shared.name!r} changed since this {self.step_name} was "
+                    f"The data {var.name!r} changed since this {self.step_name} was "
                     "built (pm.set_data). The control variates' full-data sums belong to "
                     f"the old data: build the {self.step_name} again after changing data."
                 )
@@ -609,12 +399,12 @@ class TaylorControlVariate:
         if not distance > threshold:
             return 0
         try:
-            ref = self._reference_at(np.array(x, dtype=np.float64), what="re-centring point")
+            ref = self.passes.reference_at(np.array(x, dtype=np.float64), what="re-centring point")
         except ControlVariateError:
-            return self._n_rows()  # evaluated, but not usable: keep the old reference
+            return self.store.n_rows  # evaluated, but not usable: keep the old reference
         self._set_reference(ref)
         self.recenterings += 1
-        return self._n_rows()
+        return self.store.n_rows
 
     # ---------------------------------------------------------------- reporting
     def reference_point(self) -> dict[str, NDArray[np.float64]]:
@@ -636,4 +426,3 @@ class TaylorControlVariate:
 
         """
         return self.reference.laplace_covariance(temperature)
-

@@ -1,21 +1,42 @@
-"""Random-walk proposals and the tuning of their scale.
+"""Proposals and the tuning of their scale.
+
+A proposal is an object with ``propose(rng, x, scale) -> (x′, log_q_ratio)`` on the flat,
+transformed space, where ``log_q_ratio = log q(x | x′) − log q(x′ | x)`` (0 for a
+symmetric proposal) is added to the data-free part of the log acceptance ratio; any
+context it needs (a surrogate's gradient, a covariance) is given to it explicitly when it
+is built. ``scale`` is the one number the tuner adapts (:class:`ScalingTuner`); what it
+means is the proposal's own (for the random walk, a multiplier of the increments).
 
 Conventions follow ``pm.Metropolis``: ``S`` is a vector of proposal *standard deviations*
 (one per coordinate of the flattened, transformed variables) or a covariance matrix, and
 the proposal is ``x' = x + scaling · ξ`` with ``ξ ~ N(0, diag(S²))`` or ``N(0, S)``. The
-proposal is symmetric, so it adds nothing to the data-free part of the log ratio.
+proposal is symmetric: its log-q ratio is 0.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["RandomWalkProposal", "ScalingTuner"]
+__all__ = ["Proposal", "RandomWalkProposal", "ScalingTuner"]
+
+
+class Proposal(Protocol):
+    """What a step method needs of a proposal (see the module docstring)."""
+
+    #: Reported in the step's ``proposal`` stat.
+    name: str
+
+    def propose(
+        self, rng: np.random.Generator, x: NDArray[np.float64], scale: float
+    ) -> tuple[NDArray[np.float64], float]:
+        """A proposal ``x′`` (a new array) and ``log q(x | x′) − log q(x′ | x)``."""
+        ...
 
 
 class RandomWalkProposal:
@@ -63,10 +84,12 @@ class RandomWalkProposal:
         else:
             raise ValueError(f"S must be a vector or a matrix, got {S.ndim} dimensions.")
 
+    name: ClassVar[str] = "random_walk"
+
     def propose(
-        self, x: NDArray[np.float64], scaling: float, rng: np.random.Generator
-    ) -> NDArray[np.float64]:
-        """A proposal ``x + scaling · ξ`` (a new array), ``ξ`` one increment.
+        self, rng: np.random.Generator, x: NDArray[np.float64], scaling: float
+    ) -> tuple[NDArray[np.float64], float]:
+        """A proposal ``x + scaling · ξ`` (a new array), ``ξ`` one increment; log-q ratio 0.
 
         With standard deviations, ``scaling · S`` is kept between calls with the same
         ``scaling``: products of a NumPy array and a Python float cost more than the
@@ -82,7 +105,7 @@ class RandomWalkProposal:
             z = self.chol @ z  # type: ignore[operator]
             z *= scaling
         z += x
-        return z
+        return z, 0.0
 
 
 @dataclass
@@ -137,6 +160,12 @@ class ScalingTuner:
     def scaling(self) -> float:
         """Current scale."""
         return math.exp(self.log_scaling)
+
+    #: The tuner's sample stats, declared by the step methods: ``scaling``, the effective
+    #: scale of the step's proposal (the tuned scale times a schedule's factor).
+    stats_dtypes_shapes: ClassVar[dict[str, tuple[Any, list[int]]]] = {
+        "scaling": (np.float64, []),
+    }
 
     def update(self, accept_prob: float) -> float:
         """Record one tuning step and return the new scale."""

@@ -15,19 +15,36 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+import numba
 import numpy as np
 
-from pymc_minibatch_mh.core.moments import clt_error_bound
+from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound, merge_moments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = [
+    "DONE",
+    "EARLY",
+    "NEED_MORE",
+    "STOPPED",
     "BarkerOutcome",
+    "BarkerTest",
     "CorrectionSampler",
     "TestOutcome",
     "barker_decision",
     "barker_probability",
+    "barker_rounds",
     "barker_test",
+    "growth_rows",
 ]
+
+#: The block ran out before the test decided: evaluate more rows and call again.
+NEED_MORE = 0
+#: The test stopped: ``s² < σ²`` (and ``ε ≤ tolerance`` if set), or all N rows were used.
+DONE = 1
+#: The early-decision rule stopped the test.
+EARLY = 2
+#: A non-finite Δ* (or NaN spread) stopped the test; the proposal is rejected.
+STOPPED = 3
 
 
 class CorrectionSampler(Protocol):
@@ -169,10 +186,6 @@ def barker_decision(
     return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
 
 
-def _joined(chunks: list[np.ndarray]) -> np.ndarray:
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-
-
 def rejected_outcome(
     delta_star: float, *, batch_size: int = 0, rounds: int = 0, full_data: bool = False
 ) -> BarkerOutcome:
@@ -232,27 +245,112 @@ def decided_outcome(
     )
 
 
-def barker_test(
-    rng: np.random.Generator,
-    source: MinibatchSource,
-    data_free: float,
-    *,
+@numba.njit(cache=True, nogil=True)
+def barker_rounds(
+    block: np.ndarray,
+    buf: np.ndarray,
+    n: int,
+    mean: float,
+    m2: float,
+    rounds: int,
+    n_total: int,
     batch_size: int,
-    correction: CorrectionSampler,
-    tolerance: float | None = None,
-    early_decision: float | None = None,
-) -> BarkerOutcome:
-    """Run one minibatch Barker test.
+    data_free: float,
+    sigma2: float,
+    tolerance: float,
+    early_decision: float,
+) -> tuple[int, int, int, float, float, int, float, float, float, float]:  # pragma: no cover
+    """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
+
+    The stopping rules of the test, implemented once: rounds of ``min(batch_size, N − n)``
+    rows, the running moments, ``Δ* = N·mean + c``, ``s² = N²/(N − 1) · var̂ · (N − n)/n``,
+    stop when ``s² < σ²`` (and ``ε ≤ tolerance`` if set), or on the early-decision rule, or
+    at N rows.
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        Source of the test's randomness (``X_nc``, ``X_corr`` or the logistic draw).
-    source : MinibatchSource
-        Gives the ratios ``l_i`` of new rows (temperature applied), see
-        :mod:`pymc_minibatch_mh.core.source`. The caller has opened the step.
+    block : numpy.ndarray
+        Ratios ``l_i`` of rows not yet used in this step, in the order drawn.
+    buf : numpy.ndarray
+        The ratios used so far in this step (first ``n`` entries); the rounds append to
+        it, so it must hold ``n + len(block)`` values.
+    n, mean, m2, rounds : int, float, float, int
+        The test's state: rows used, their mean and sum of squared deviations, rounds.
+    n_total, batch_size : int
+        N and the rows added per round (m).
     data_free : float
-        The data-free part ``c(θ, θ') = log p0(θ') − log p0(θ) + log q(θ|θ') − log q(θ'|θ)``.
+        The data-free part of Δ (finite).
+    sigma2 : float
+        σ² of the test.
+    tolerance : float
+        Stop only once ``ε ≤ tolerance`` too; a value ≤ 0 turns this off.
+    early_decision : float
+        Threshold of the early-decision rule; a value ≤ 0 turns it off.
+
+    Returns
+    -------
+    tuple
+        ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth)``
+        with ``status`` one of :data:`NEED_MORE`, :data:`DONE`, :data:`EARLY`,
+        :data:`STOPPED` and ``used`` the rows of ``block`` consumed. ``epsilon`` and
+        ``edgeworth`` (see :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`) are
+        computed when the test stops short of N rows.
+
+    """
+    fpc_scale = n_total * n_total / (n_total - 1.0) if n_total > 1 else 0.0
+    pos = 0
+    length = block.shape[0]
+    variance = math.inf
+    delta_star = math.nan
+    while True:
+        count = min(batch_size, n_total - n)
+        if pos + count > length:
+            return NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0
+        chunk = block[pos : pos + count]
+        buf[n : n + count] = chunk
+        c_mean, c_m2 = chunk_moments(chunk)
+        pos += count
+        rounds += 1
+        n, mean, m2 = merge_moments(n, mean, m2, count, c_mean, c_m2)
+        delta_star = n_total * mean + data_free
+        if not math.isfinite(delta_star) or math.isnan(m2):
+            return STOPPED, pos, n, mean, m2, rounds, delta_star, math.nan, math.nan, math.nan
+        if n >= n_total:
+            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0
+        # s² = N² · var̂ / n · (1 − (n − 1)/(N − 1)) = N²/(N − 1) · var̂ · (N − n)/n
+        variance = fpc_scale * (m2 / (n - 1)) * (n_total - n) / n if n > 1 else math.inf
+        if variance < sigma2:
+            epsilon, edgeworth = clt_error_bound(buf[:n], mean)
+            if tolerance <= 0.0 or epsilon <= tolerance:
+                return DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth
+        if early_decision > 0.0 and abs(delta_star) >= early_decision * math.sqrt(variance):
+            epsilon, edgeworth = clt_error_bound(buf[:n], mean)
+            return EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth
+
+
+def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: float) -> int:
+    """Rows to draw next when the test needs more than it has (whole rounds, ≤ N − n).
+
+    The rows the test will need are predicted from its variance so far: ``s²`` at ``n'``
+    rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]``, which falls below σ² at
+    ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The next draw asks for 15 % more than that, in
+    whole rounds, so that most growing steps need one more evaluation instead of one per
+    round. Only the cost depends on this: rows drawn but not used take no part in the
+    decision and are not counted.
+    """
+    if 0.0 < variance < math.inf:
+        target = n_total / (1.0 + sigma2 * (n_total - n) / (n * variance))
+        need = max(batch_size, -(-(int(1.15 * target) - n) // batch_size) * batch_size)
+    else:
+        need = batch_size
+    return min(n_total - n, need)
+
+
+class BarkerTest:
+    """The minibatch Barker test with fixed settings, reusable across steps.
+
+    Parameters
+    ----------
     batch_size : int
         Rows added per round (the paper's m); the first minibatch has this size too.
     correction : CorrectionSampler
@@ -269,15 +367,13 @@ def barker_test(
         s = 1.5, 3.2e-4 at s = 2 and 2.6e-5 at s = 3 (and 4.4e-2 at s = 1 with threshold
         3), far above the correction table's error; hence off by default.
 
-    Returns
-    -------
-    BarkerOutcome
-        The decision and the test's statistics.
-
     Notes
     -----
-    The minibatch grows by ``batch_size`` rows while ``s² ≥ σ²`` (and, with a tolerance,
-    while ``epsilon > tolerance``), never past N. With ``s² < σ²`` it accepts iff
+    Calling the test runs :func:`barker_rounds` on blocks of ratios from the source: the
+    rows the source has already evaluated (``source.buffered``, e.g. evaluated together
+    with the data-free part), then blocks sized by :func:`growth_rows`. The minibatch
+    grows by ``batch_size`` rows while ``s² ≥ σ²`` (and, with a tolerance, while
+    ``epsilon > tolerance``), never past N. With ``s² < σ²`` it accepts iff
     ``Δ* + X_nc + X_corr > 0`` with ``X_nc ~ N(0, σ² − s²)``, ``X_corr ~ C_σ``. When every
     row has been used, ``Δ* = Δ`` and it makes the exact Barker decision with a logistic
     draw (no correction table, hence no table error). A ``−inf`` ratio rejects (the
@@ -289,62 +385,120 @@ def barker_test(
        Acceptance Test for Metropolis-Hastings. UAI 2017, Algorithm 1.
 
     """
-    if not math.isfinite(data_free):
-        # -inf: the proposal is outside the prior's support; no data are needed.
-        return rejected_outcome(data_free)
 
-    n_total = source.n_total
-    sigma2 = correction.sigma * correction.sigma
-    # The running moments are kept in locals (the parallel update of RunningMoments,
-    # inlined): this loop runs several times per MCMC step.
-    chunks: list[np.ndarray] = []
-    n = 0
-    mean = m2 = 0.0
-    fpc_scale = n_total * n_total / (n_total - 1) if n_total > 1 else 0.0
-    rounds = 0
-    variance = math.inf
-    epsilon = edgeworth = 0.0
-    early = False
-    while True:
-        count = min(batch_size, n_total - n)
-        values, c_mean, c_m2 = source.draw(count)
-        chunks.append(values)
-        rounds += 1
-        if n == 0:
-            n, mean, m2 = count, c_mean, c_m2
-        else:
-            total = n + count
-            diff = c_mean - mean
-            mean += diff * count / total
-            m2 += c_m2 + diff * diff * n * count / total
-            n = total
-        delta_star = n_total * mean + data_free
-        if not math.isfinite(delta_star) or math.isnan(m2):
-            return rejected_outcome(
-                delta_star, batch_size=n, rounds=rounds, full_data=n == n_total
+    __slots__ = ("batch_size", "correction", "early_decision", "tolerance", "_buf",
+                 "_settings")
+
+    def __init__(
+        self,
+        batch_size: int,
+        correction: CorrectionSampler,
+        tolerance: float | None = None,
+        early_decision: float | None = None,
+    ) -> None:
+        self.batch_size = int(batch_size)
+        self.correction = correction
+        self.tolerance = tolerance
+        self.early_decision = early_decision
+        sigma = correction.sigma
+        # σ², tolerance and threshold as the compiled rounds take them (≤ 0: off).
+        self._settings = (
+            sigma * sigma,
+            float(tolerance) if tolerance is not None else -1.0,
+            float(early_decision) if early_decision is not None else -1.0,
+        )
+        self._buf = np.empty(1024)
+
+    def __call__(
+        self, rng: np.random.Generator, source: MinibatchSource, data_free: float
+    ) -> BarkerOutcome:
+        """Run one test.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            Source of the test's randomness (``X_nc``, ``X_corr`` or the logistic draw).
+        source : MinibatchSource
+            Gives the ratios ``l_i`` of new rows (temperature applied), see
+            :mod:`pymc_minibatch_mh.core.source`. The caller has opened the step.
+        data_free : float
+            The data-free part ``c(θ, θ') = log p0(θ') − log p0(θ) + log q(θ|θ') −
+            log q(θ'|θ)``.
+
+        Returns
+        -------
+        BarkerOutcome
+            The decision and the test's statistics.
+
+        """
+        if not math.isfinite(data_free):
+            # -inf: the proposal is outside the prior's support; no data are needed.
+            return rejected_outcome(data_free)
+        n_total = source.n_total
+        m = self.batch_size
+        sigma2, tolerance, early = self._settings
+        buffered = source.buffered
+        count = min(n_total, max(m, buffered - buffered % m))
+        buf = self._buf
+        n = rounds = 0
+        mean = m2 = 0.0
+        while True:
+            if buf.shape[0] < n + count:
+                grown = np.empty(max(n + count, 2 * buf.shape[0]))
+                grown[:n] = buf[:n]
+                buf = self._buf = grown
+            result = barker_rounds(
+                source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
+                sigma2, tolerance, early,
             )
-        if n >= n_total:
-            variance = 0.0
-            break
-        # s² = N² · var̂ / n · (1 − (n − 1)/(N − 1)) = N²/(N − 1) · var̂ · (N − n)/n
-        variance = fpc_scale * (m2 / (n - 1)) * (n_total - n) / n if n > 1 else math.inf
-        if variance < sigma2:
-            if tolerance is None:
+            status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth = result
+            if status != NEED_MORE:
                 break
-            epsilon, edgeworth = clt_error_bound(_joined(chunks), mean)
-            if epsilon <= tolerance:
-                break
-        if early_decision is not None and abs(delta_star) >= early_decision * math.sqrt(variance):
-            early = True
-            break
+            count = growth_rows(n, variance, n_total, m, sigma2)
+        full_data = n >= n_total
+        if status == STOPPED:
+            return rejected_outcome(delta_star, batch_size=n, rounds=rounds, full_data=full_data)
+        return decided_outcome(
+            rng, self.correction, delta_star=delta_star, variance=variance, batch_size=n,
+            rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth,
+            early=status == EARLY,
+        )
 
-    full_data = n >= n_total
-    if full_data:
-        epsilon = edgeworth = 0.0
-    else:
-        # ε of the final minibatch (the loop may have stopped before computing it).
-        epsilon, edgeworth = clt_error_bound(_joined(chunks), mean)
-    return decided_outcome(
-        rng, correction, delta_star=delta_star, variance=variance, batch_size=n,
-        rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth, early=early,
-    )
+
+def barker_test(
+    rng: np.random.Generator,
+    source: MinibatchSource,
+    data_free: float,
+    *,
+    batch_size: int,
+    correction: CorrectionSampler,
+    tolerance: float | None = None,
+    early_decision: float | None = None,
+) -> BarkerOutcome:
+    """Run one minibatch Barker test (see :class:`BarkerTest` for the settings).
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of the test's randomness.
+    source : MinibatchSource
+        Gives the ratios of new rows; the caller has opened the step.
+    data_free : float
+        The data-free part of Δ.
+    batch_size : int
+        Rows added per round (m).
+    correction : CorrectionSampler
+        ``C_σ``.
+    tolerance : float, optional
+        See :class:`BarkerTest`.
+    early_decision : float, optional
+        See :class:`BarkerTest`.
+
+    Returns
+    -------
+    BarkerOutcome
+        The decision and the test's statistics.
+
+    """
+    test = BarkerTest(batch_size, correction, tolerance=tolerance, early_decision=early_decision)
+    return test(rng, source, data_free)

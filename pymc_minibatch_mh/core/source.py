@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pymc_minibatch_mh.core.moments import chunk_moments
-from pymc_minibatch_mh.core.rows import ShuffledRows
+from pymc_minibatch_mh.core.rows import PartialShuffleRows
 
 __all__ = ["ArraySource", "MinibatchSource"]
 
@@ -27,6 +27,15 @@ class MinibatchSource(Protocol):
     @property
     def n_total(self) -> int:
         """Population size N."""
+        ...
+
+    @property
+    def buffered(self) -> int:
+        """Rows already evaluated for this step and not yet drawn (0 if none)."""
+        ...
+
+    def draw_values(self, count: int) -> NDArray[np.float64]:
+        """The values of ``count`` rows not drawn before in this step."""
         ...
 
     def draw(self, count: int) -> tuple[NDArray[np.float64], float, float]:
@@ -45,7 +54,7 @@ class ArraySource:
     ----------
     values : numpy.ndarray
         The N per-observation values ``l_i`` (temperature already applied).
-    rows : ShuffledRows, optional
+    rows : PartialShuffleRows, optional
         Row sampler; by default a new one is made from ``rng``.
     rng : numpy.random.Generator, optional
         Used only when ``rows`` is not given.
@@ -68,14 +77,14 @@ class ArraySource:
     def __init__(
         self,
         values: NDArray[np.float64],
-        rows: ShuffledRows | None = None,
+        rows: PartialShuffleRows | None = None,
         rng: np.random.Generator | None = None,
     ) -> None:
         self.values = np.ascontiguousarray(values, dtype=np.float64)
         if self.values.ndim != 1:
             raise ValueError("values must be one-dimensional")
         if rows is None:
-            rows = ShuffledRows(self.values.shape[0], rng or np.random.default_rng())
+            rows = PartialShuffleRows(self.values.shape[0], rng or np.random.default_rng())
         self.rows = rows
         self.rows_drawn = 0
         self.full_passes = 0
@@ -89,10 +98,18 @@ class ArraySource:
         """Start a new step (rows drawn from now on are new to it)."""
         self.rows.start_step()
 
-    def draw(self, count: int) -> tuple[NDArray[np.float64], float, float]:
-        """Return ``(values, mean, m2)`` of ``count`` new rows."""
+    #: Nothing is evaluated ahead of the test.
+    buffered = 0
+
+    def draw_values(self, count: int) -> NDArray[np.float64]:
+        """The values of ``count`` new rows."""
         chunk = self.values[self.rows.take(count)]
         self.rows_drawn += count
+        return chunk
+
+    def draw(self, count: int) -> tuple[NDArray[np.float64], float, float]:
+        """Return ``(values, mean, m2)`` of ``count`` new rows."""
+        chunk = self.draw_values(count)
         mean, m2 = chunk_moments(chunk)
         return chunk, mean, m2
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.source import PairSource
+from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.austere import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_EPSILONS,
@@ -127,16 +127,16 @@ class AustereMH(MinibatchStep):
             )
             self.batch_size = self.chosen_design.batch_size
             self.epsilon = self.chosen_design.epsilon
-            self._source.policy.reset(self.batch_size)
+            self.policy.reset(self.batch_size)
         elif self.design == "adaptive":
             self._table = design_table(n, self.error_bound, self.batch_sizes, self.epsilons)
         self._design_n = n
 
-    def _decide(self, source: PairSource, data_free: float) -> AustereOutcome:
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> AustereOutcome:
         if self.design == "adaptive":
-            return austere_nc_test(self.rng, source, data_free, design_table=self._table)
+            return austere_nc_test(self.rng, estimator, data_free, design_table=self._table)
         return austere_test(
-            self.rng, source, data_free, batch_size=self.batch_size, epsilon=self.epsilon
+            self.rng, estimator, data_free, batch_size=self.batch_size, epsilon=self.epsilon
         )
 
     def _test_stat_values(self, outcome: AustereOutcome) -> dict[str, Any]:

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.kernel import EARLY, STOPPED
-from pymc_minibatch_mh.adapter.source import PairSource
-from pymc_minibatch_mh.core.barker import (
-    BarkerOutcome,
-    barker_decision,
-    barker_probability,
-    barker_test,
-    decided_outcome,
-    rejected_outcome,
-)
+from pymc_minibatch_mh.adapter.estimator import RatioEstimator
+from pymc_minibatch_mh.core.barker import BarkerOutcome, BarkerTest
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 
 __all__ = ["MinibatchBarker"]
@@ -151,8 +143,8 @@ class MinibatchBarker(MinibatchStep):
         self.sigma = float(sigma)
         self._tolerance = tolerance
         self._early_decision = early_decision
-        self._update_kernel_settings()
         super().__init__(vars, batch_size=batch_size, **kwargs)
+        self._update_kernel_settings()
 
     @property
     def tolerance(self) -> float | None:
@@ -175,117 +167,18 @@ class MinibatchBarker(MinibatchStep):
         self._update_kernel_settings()
 
     def _update_kernel_settings(self) -> None:
-        # σ², tolerance and threshold as the kernel takes them (≤ 0: off).
-        self._kernel_settings = (
-            self.sigma * self.sigma,
-            float(self._tolerance) if self._tolerance is not None else -1.0,
-            float(self._early_decision) if self._early_decision is not None else -1.0,
+        # The core test with the step's settings (rebuilt when one of them changes).
+        self._test = BarkerTest(
+            self.batch_size, self.correction, tolerance=self._tolerance,
+            early_decision=self._early_decision,
         )
-
-    #: Run the growth loop with the compiled kernel
-    #: (:mod:`~pymc_minibatch_mh.adapter.kernel`); ``False`` uses the NumPy reference
-    #: :func:`~pymc_minibatch_mh.core.barker.barker_test`. Both give the same draws.
-    use_kernel: bool = True
 
     def _start_chain(self, rng: Any) -> None:
         super()._start_chain(rng)
-        self._source.policy.sized_growth = self.use_kernel
-        # The lean path of step() covers the plain case: no temperature schedule, no
-        # control variates, no likelihood parameters sampled by another step.
-        self._lean = (
-            self.schedule is None
-            and self.control_variate is None
-            and not self.likelihood.other_shared
-        )
+        self._update_kernel_settings()  # the chain's batch size
 
-    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One Metropolis-Hastings transition with the minibatch Barker test.
-
-        After a chain's first step, plain settings take a lean path: the base class's
-        :meth:`~pymc_minibatch_mh.adapter.base.MinibatchStep.step` with its branches for
-        schedules, control variates and other steps' variables left out, and the outcome
-        kept in local variables (this runs once per draw, where every Python call shows).
-        It draws the same random numbers and returns the same point and stats.
-        """
-        if not (self._chain_started and self._lean and self.use_kernel):
-            return super().step(point)
-        point_map = self.likelihood.point_map
-        source = self._source
-        x_cur = point_map.flat_view(point)  # only read below
-        x_prop = self.proposal.propose(x_cur, self.scaling, self.rng)
-        data_free, result = source.barker_step(
-            x_cur, x_prop, self._inv_temperature, self.batch_size, *self._kernel_settings
-        )
-        if result is None or result[0] == STOPPED:
-            return self._complete_step(point, x_prop, self._kernel_outcome(data_free, result), 0)
-        status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = result
-        full_data = n >= source.n_total
-        accepted = barker_decision(
-            self.rng, delta_star, variance, self.correction, full_data=full_data
-        )
-        accept = barker_probability(delta_star)
-        steps = self._chain_steps = self._chain_steps + 1
-        self._chain_batch_total += n
-        if accepted:
-            self._chain_accepted += 1
-            point = point_map.to_point(x_prop, point)
-        stats = {
-            "accepted": 1.0 if accepted else 0.0,
-            "accept": accept,
-            "batch_size": n,
-            "growth_rounds": rounds,
-            "full_data": full_data,
-            "nonfinite": False,
-            "extra_evaluations": 0,
-            "scaling": self.scaling,
-            "temperature": self._temperature,
-            "tune": self.tune,
-            "mean_batch_size": self._chain_batch_total / steps,
-            "accept_rate": self._chain_accepted / steps,
-            "recentered": False,
-            "epsilon": epsilon,
-            "edgeworth": edgeworth,
-            "delta_star": delta_star,
-            "delta_variance": variance,
-            "early_decision": status == EARLY,
-        }
-        if self.tune and self._tune_enabled:
-            self.scaling = self.tuner.update(accept)
-        return point, [stats]
-
-    def _run_test(self, x_cur: np.ndarray, x_prop: np.ndarray) -> BarkerOutcome:
-        if not self.use_kernel:
-            return super()._run_test(x_cur, x_prop)
-        return self._kernel_outcome(
-            *self._source.barker_step(
-                x_cur, x_prop, self._inv_temperature, self.batch_size, *self._kernel_settings
-            )
-        )
-
-    def _kernel_outcome(self, data_free: float, result: tuple[Any, ...] | None) -> BarkerOutcome:
-        """The outcome of a step from ``PairSource.barker_step``'s return value."""
-        if result is None:
-            return rejected_outcome(data_free)
-        status, _, n, _, _, rounds, delta_star, variance, epsilon, edgeworth = result
-        full_data = n >= self._source.n_total
-        if status == STOPPED:
-            return rejected_outcome(delta_star, batch_size=n, rounds=rounds, full_data=full_data)
-        return decided_outcome(
-            self.rng, self.correction, delta_star=delta_star, variance=variance, batch_size=n,
-            rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth,
-            early=status == EARLY,
-        )
-
-    def _decide(self, source: PairSource, data_free: float) -> BarkerOutcome:
-        return barker_test(
-            self.rng,
-            source,
-            data_free,
-            batch_size=self.batch_size,
-            correction=self.correction,
-            tolerance=self.tolerance,
-            early_decision=self.early_decision,
-        )
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> BarkerOutcome:
+        return self._test(self.rng, estimator, data_free)
 
     def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:
         return {

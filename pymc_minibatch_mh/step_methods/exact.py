@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.source import PairSource
+from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 
 __all__ = ["ExactMH"]
@@ -41,6 +41,7 @@ class ExactMH(MinibatchStep):
 
     name = "exact_mh"
     supports_control_variate = False
+    uses_minibatches = False
     test_stats = {"delta": (np.float64, []), "log_u": (np.float64, [])}
 
     def __init__(
@@ -53,11 +54,10 @@ class ExactMH(MinibatchStep):
         if test not in ("metropolis", "barker"):
             raise ValueError(f"test must be 'metropolis' or 'barker', got {test!r}.")
         self.test = test
-        # One request of all N rows per step: batch_size 1 is never used for growth.
-        super().__init__(vars, batch_size=1, prefetch=1, **kwargs)
+        super().__init__(vars, **kwargs)
 
-    def _decide(self, source: PairSource, data_free: float) -> ExactOutcome:
-        return exact_test(self.rng, source, data_free, test=self.test)
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> ExactOutcome:
+        return exact_test(self.rng, estimator, data_free, test=self.test)
 
     def _test_stat_values(self, outcome: ExactOutcome) -> dict[str, Any]:
         return {"delta": outcome.delta, "log_u": outcome.log_u}

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.source import PairSource
+from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
 __all__ = ["MHSubLhd"]
@@ -97,20 +97,20 @@ class MHSubLhd(MinibatchStep):
         self.bernstein_serfling = bool(bernstein_serfling)
         super().__init__(vars, batch_size=batch_size, **kwargs)
 
-    def _decide(self, source: PairSource, data_free: float) -> MHSubLhdOutcome:
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> MHSubLhdOutcome:
         bound: Any = None
         if self.range_bound is not None:
             user = self.range_bound
             pmap = self.likelihood.point_map
 
             def bound() -> float:
-                cur = pmap.to_point(source.x_cur, {})
-                prop = pmap.to_point(source.x_prop, {})
+                cur = pmap.to_point(estimator.x_cur, {})
+                prop = pmap.to_point(estimator.x_prop, {})
                 return float(user(cur, prop))
 
         return mhsublhd_test(
             self.rng,
-            source,
+            estimator,
             data_free,
             batch_size=self.batch_size,
             delta=self.delta,

@@ -1,0 +1,138 @@
+"""Graph utilities for the surgery of :mod:`~pymc_minibatch_mh.adapter.split`.
+
+Rebuilding graphs with replacements (without PyMC's static-shape pins), turning PyMC's
+parameter checks into ``-inf``, and reading data variables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pymc.logprob.utils import CheckParameterValue
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
+from pytensor.scalar.basic import Cast as ScalarCast
+from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.shape import SpecifyShape
+
+__all__ = [
+    "checks_as_ninf",
+    "clone_replace",
+    "data_value",
+    "is_data",
+    "is_shape_constant",
+    "leading_length",
+    "observed_source",
+    "op_names",
+]
+
+
+def observed_source(var: Variable) -> Variable:
+    """The array behind an observed value: ``var`` with dtype casts removed.
+
+    PyMC casts observed data to the variable's dtype (``pm.Data`` stores integers as int32,
+    a Poisson or Bernoulli variable is int64), so the value of an observed variable given
+    as ``pm.Data`` is often ``Cast(shared)``; the cast is applied row by row as well.
+    """
+    while (
+        var.owner is not None
+        and isinstance(var.owner.op, Elemwise)
+        and isinstance(var.owner.op.scalar_op, ScalarCast)
+    ):
+        var = var.owner.inputs[0]
+    return var
+
+
+def is_data(var: Variable) -> bool:
+    """Whether ``var`` is an array of data (a shared variable or a constant, ≥ 1-d)."""
+    return isinstance(var, SharedVariable | Constant) and getattr(var, "ndim", 0) >= 1
+
+
+def data_value(var: Variable) -> np.ndarray:
+    """The current value of a data variable."""
+    if isinstance(var, SharedVariable):
+        return np.asarray(var.get_value(borrow=True))
+    return np.asarray(var.data)
+
+
+def op_names(outputs: Sequence[Variable]) -> set[str]:
+    """Names of the Ops in the graphs of ``outputs``."""
+    return {type(v.owner.op).__name__ for v in ancestors(outputs) if v.owner is not None}
+
+
+def clone_replace(
+    outputs: Any, replace: Mapping[Variable, Variable], rebuild_strict: bool = False
+) -> Any:
+    """Rebuild ``outputs`` with ``replace`` applied, letting types change, without SpecifyShape.
+
+    Like ``pytensor.graph.replace.clone_replace(..., rebuild_strict=False)``, but every
+    ``SpecifyShape`` node is dropped: PyMC's log-probability graphs pin the static length
+    of the observed data (N), which no longer holds once the data are indexed by rows.
+    Nodes whose inputs are unchanged are reused, not copied.
+    """
+    single = isinstance(outputs, Variable)
+    outs = [outputs] if single else list(outputs)
+    memo: dict[Variable, Variable] = dict(replace)
+    roots = [v for v in graph_inputs(outs) if v not in memo]
+    for node in io_toposort(roots + list(memo), outs):
+        new_inputs = [memo.get(i, i) for i in node.inputs]
+        if isinstance(node.op, SpecifyShape):
+            memo[node.outputs[0]] = new_inputs[0]
+            continue
+        if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
+            continue
+        # Calling the Op (not make_node) lets symbolic Ops such as PyTensor 3's LogSumExp
+        # rebuild their inner graph for the new input types.
+        new_outputs = node.op(*new_inputs, return_list=True)
+        for old, new in zip(node.outputs, new_outputs, strict=True):
+            memo[old] = new
+    result = [memo.get(o, o) for o in outs]
+    return result[0] if single else result
+
+
+def checks_as_ninf(outputs: Sequence[Variable]) -> list[Variable]:
+    """Rebuild ``outputs`` with PyMC's parameter checks turned into ``-inf``, not errors.
+
+    PyMC's log-probability graphs raise ``ParameterValueError`` for invalid parameters
+    (``sigma <= 0``, ...); PyMC's own compiled functions (``pymc.pytensorf.compile``) turn
+    those checks into a switch to ``-inf`` (the same rewrite, applied here to the graph), so
+    such a proposal is rejected instead of stopping the chain with an exception. The graph
+    is rebuilt, not rewritten in place: nodes shared with the model are left untouched.
+    """
+    outs = list(outputs)
+    memo: dict[Variable, Variable] = {}
+    for node in io_toposort(list(graph_inputs(outs)), outs):
+        new_inputs = [memo.get(i, i) for i in node.inputs]
+        if isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf:
+            expr, *conds = new_inputs
+            if all(isinstance(c, Constant) and np.all(c.data) for c in conds):
+                memo[node.outputs[0]] = expr  # checks that always pass
+                continue
+            cond = conds[0] if len(conds) == 1 else pt.all(pt.stack(conds))
+            out = pt.switch(cond, expr, -np.inf)
+            memo[node.outputs[0]] = out.astype(node.outputs[0].dtype)
+            continue
+        if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
+            continue
+        new_outputs = node.op(*new_inputs, return_list=True)
+        for old, new in zip(node.outputs, new_outputs, strict=True):
+            memo[old] = new
+    return [memo.get(o, o) for o in outs]
+
+
+def is_shape_constant(var: Constant, n: int) -> bool:
+    """Whether ``var`` is a static shape (a short integer vector) whose first entry is ``n``."""
+    data = np.asarray(var.data)
+    return (
+        data.dtype.kind in "iu" and data.ndim == 1 and 1 <= data.size <= 8 and int(data[0]) == n
+    )
+
+
+def leading_length(var: Variable) -> int | None:
+    """Leading length of a data variable's current value (None for a scalar)."""
+    value = data_value(var)
+    return int(value.shape[0]) if value.ndim >= 1 else None
