@@ -124,15 +124,26 @@ def mixture_sf(
     return out.reshape(x.shape)
 
 
-def _tails(
-    x: np.ndarray, support: np.ndarray, weights: np.ndarray, sigma: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(x, x < 0, F at the negative x, 1 − F at the others)``: each tail where it is small."""
+def _minus_reference(
+    x: np.ndarray,
+    support: np.ndarray,
+    weights: np.ndarray,
+    sigma: float,
+    lower_ref: Callable[[np.ndarray], np.ndarray],
+    upper_ref: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """``F(x) − R(x)`` for a reference CDF R given by its lower and upper tails.
+
+    Each side is computed from the tails, where they are small: ``F(x) − R(x)`` for
+    ``x < 0`` and ``(1 − R(x)) − (1 − F(x))`` for ``x ≥ 0``, so neither tail cancels.
+    """
     x = np.asarray(x, dtype=np.float64)
     neg = x < 0
+    out = np.empty_like(x)
     # F(x) = Σ_j w_j Φ((x − y_j)/σ) = Σ_j w_j Q((−x − (−y_j))/σ)
-    lower = mixture_sf(-x[neg], -support, weights, sigma)
-    return x, neg, lower, mixture_sf(x[~neg], support, weights, sigma)
+    out[neg] = mixture_sf(-x[neg], -support, weights, sigma) - lower_ref(x[neg])
+    out[~neg] = upper_ref(x[~neg]) - mixture_sf(x[~neg], support, weights, sigma)
+    return out
 
 
 def mixture_cdf(
@@ -142,12 +153,8 @@ def mixture_cdf(
 
     Parameters
     ----------
-    x : array_like
-        Points.
-    support, weights : numpy.ndarray
-        Atoms ``y_j`` and their weights ``w_j``.
-    sigma : float
-        Standard deviation of the normal part.
+    x, support, weights, sigma
+        As for :func:`mixture_sf`.
 
     Returns
     -------
@@ -156,11 +163,8 @@ def mixture_cdf(
         :func:`mixture_sf` for ``x ≥ 0``.
 
     """
-    x, neg, lower, upper = _tails(x, support, weights, sigma)
-    out = np.empty_like(x)
-    out[neg] = lower
-    out[~neg] = 1.0 - upper
-    return out
+    # The reference "CDF" 0 (lower tail 0, upper tail 1) leaves F itself.
+    return _minus_reference(x, support, weights, sigma, np.zeros_like, np.ones_like)
 
 
 def signed_error(
@@ -170,12 +174,8 @@ def signed_error(
 
     Parameters
     ----------
-    x : array_like
-        Points.
-    support, weights : numpy.ndarray
-        Atoms ``y_j`` and their weights ``w_j``.
-    sigma : float
-        Standard deviation of the normal part.
+    x, support, weights, sigma
+        As for :func:`mixture_sf`.
 
     Returns
     -------
@@ -183,12 +183,12 @@ def signed_error(
         The signed error of the mixture's CDF against the logistic CDF ``S``.
 
     """
-    x, neg, lower, upper = _tails(x, support, weights, sigma)
-    err = np.empty_like(x)
-    err[neg] = lower - expit(x[neg])
-    # F(x) − S(x) = (1 − F̄(x)) − (1 − S̄(x)) = S̄(x) − F̄(x)
-    err[~neg] = expit(-x[~neg]) - upper
-    return err
+    return _minus_reference(x, support, weights, sigma, expit, _logistic_sf)
+
+
+def _logistic_sf(x: np.ndarray) -> np.ndarray:
+    """``1 − S(x) = S(−x)``."""
+    return expit(-x)
 
 
 def verify_grid() -> np.ndarray:
