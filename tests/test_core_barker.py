@@ -74,22 +74,25 @@ def test_running_moments_match_numpy():
 
 def test_clt_error_bound_values():
     values = np.array([-1.0, 1.0, -1.0, 1.0])
-    eps, edge = clt_error_bound(values)
+    eps, edge = clt_error_bound(values, 0.0)
     # z = ±1: mean|z|^3 = mean|z| = 1, skew 0.
     assert eps == pytest.approx((6.4 + 2.0) / 2.0)
     assert edge == 0.0
     skewed = np.array([0.0, 0.0, 0.0, 4.0])
     z = (skewed - 1.0) / math.sqrt(3.0)
-    eps, edge = clt_error_bound(skewed)
+    eps, edge = clt_error_bound(skewed, 1.0)
     assert eps == pytest.approx((6.4 * np.mean(np.abs(z) ** 3) + 2 * np.mean(np.abs(z))) / 2)
     assert edge == pytest.approx(abs(np.mean(z**3)) * EDGEWORTH_SUP / 12.0)
-    assert clt_error_bound(np.full(10, 3.0)) == (0.0, 0.0)
+    assert clt_error_bound(np.full(10, 3.0), 3.0) == (0.0, 0.0)
     # Scale-free.
     rng = np.random.default_rng(1)
     v = rng.gamma(2.0, size=300)
-    assert clt_error_bound(1e-5 * v + 7)[0] == pytest.approx(clt_error_bound(v)[0], rel=1e-9)
+    w = 1e-5 * v + 7
+    assert clt_error_bound(w, w.mean())[0] == pytest.approx(
+        clt_error_bound(v, v.mean())[0], rel=1e-9
+    )
     # Never below 6.4 / sqrt(b) for non-degenerate values.
-    assert clt_error_bound(v)[0] >= 6.4 / math.sqrt(v.size)
+    assert clt_error_bound(v, v.mean())[0] >= 6.4 / math.sqrt(v.size)
 
 
 def test_edgeworth_constant():

@@ -1,13 +1,16 @@
-"""The acceptance tests and their tools, with NumPy and SciPy only (no PyMC import).
+"""The acceptance tests and their tools, with NumPy, SciPy and Numba only (no PyMC import).
 
 - :mod:`~pymc_minibatch_mh.core.barker`: the minibatch Barker test (Seita et al. 2017);
-- :mod:`~pymc_minibatch_mh.core.austere`: AustereMH's sequential t-test and its designs
-  (Korattikara et al. 2014);
+- :mod:`~pymc_minibatch_mh.core.austere`: AustereMH's sequential t-test (Korattikara et
+  al. 2014), with its error analysis in :mod:`~pymc_minibatch_mh.core.austere_error` and
+  its designs in :mod:`~pymc_minibatch_mh.core.austere_design`;
 - :mod:`~pymc_minibatch_mh.core.subsampling`: MHSubLhd's adaptive subsampling test
   (Bardenet et al. 2014);
 - :mod:`~pymc_minibatch_mh.core.exact`: the exact full-data Metropolis and Barker tests;
-- :mod:`~pymc_minibatch_mh.core.correction`: the correction distribution ``C_σ``;
-- :mod:`~pymc_minibatch_mh.core.moments`: running moments and the error bound ε;
+- :mod:`~pymc_minibatch_mh.core.common`: what the threshold tests share;
+- :mod:`~pymc_minibatch_mh.core.correction`: the correction distribution ``C_σ``, built by
+  the solvers of :mod:`~pymc_minibatch_mh.core.correction_solvers`;
+- :mod:`~pymc_minibatch_mh.core.moments`: running moments and the (estimated) error ε;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;
 - :mod:`~pymc_minibatch_mh.core.buffered`: a ``Generator`` with scalar draws in blocks;
 - :mod:`~pymc_minibatch_mh.core.source`: the minibatch source protocol.

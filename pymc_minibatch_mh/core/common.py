@@ -10,10 +10,24 @@ the same call, so that two tests run from generators in the same state use the s
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
-__all__ = ["draw_uniform", "is_fault", "log_threshold"]
+if TYPE_CHECKING:
+    from pymc_minibatch_mh.core.barker import TestOutcome
+
+__all__ = [
+    "check_batch_size",
+    "draw_uniform",
+    "has_fault",
+    "is_fault",
+    "log_threshold",
+    "rejection",
+]
+
+OutcomeT = TypeVar("OutcomeT", bound="TestOutcome")
 
 
 def draw_uniform(rng: np.random.Generator) -> float:
@@ -92,3 +106,93 @@ def is_fault(value: float) -> bool:
 
     """
     return math.isnan(value) or value == math.inf
+
+
+def has_fault(values: NDArray[np.float64]) -> bool:
+    """Whether an array holds a fault (NaN or ``+inf``), as :func:`is_fault` for one value.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        Ratios, e.g. those of a full pass whose mean or spread came out non-finite.
+
+    Returns
+    -------
+    bool
+        True if any value is NaN or ``+inf``; ``−inf`` values alone are no fault.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> has_fault(np.array([0.0, -np.inf])), has_fault(np.array([0.0, np.nan]))
+    (False, True)
+
+    """
+    return bool(np.isnan(values).any() or np.isposinf(values).any())
+
+
+def check_batch_size(batch_size: int) -> int:
+    """Return ``batch_size`` as an int, or raise ``ValueError`` unless it is a positive integer.
+
+    Parameters
+    ----------
+    batch_size : int
+        Rows per round (or the first minibatch's size).
+
+    Returns
+    -------
+    int
+        The same value.
+
+    """
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return int(batch_size)
+
+
+def rejection(
+    outcome: type[OutcomeT],
+    *,
+    nonfinite: bool,
+    batch_size: int = 0,
+    rounds: int = 0,
+    full_data: bool = False,
+    extra_evaluations: int = 0,
+    **stats: Any,
+) -> OutcomeT:
+    """The outcome of a threshold test that rejects because a value is not finite.
+
+    A ``−inf`` data-free part or ratio rejects cleanly (zero prior or likelihood); NaN or
+    ``+inf`` also sets ``nonfinite``. Every threshold test (exact, AustereMH, MHSubLhd)
+    builds its rejection here, so the shared fields are set in one place.
+
+    Parameters
+    ----------
+    outcome : type
+        The test's outcome class (a :class:`~pymc_minibatch_mh.core.barker.TestOutcome`).
+    nonfinite : bool
+        Whether the value was a fault (see :func:`is_fault`, :func:`has_fault`).
+    batch_size, rounds : int, optional
+        Rows the test drew, and its rounds, before it stopped (0 if it drew none).
+    full_data : bool, optional
+        Whether those rows were all N.
+    extra_evaluations : int, optional
+        Rows evaluated outside the test's own batch (a full pass).
+    **stats
+        The outcome class's own fields (statistics the test did not reach are NaN).
+
+    Returns
+    -------
+    TestOutcome
+        An instance of ``outcome`` with ``accepted=False``.
+
+    """
+    return outcome(
+        accepted=False,
+        batch_size=batch_size,
+        rounds=rounds,
+        full_data=full_data,
+        nonfinite=nonfinite,
+        extra_evaluations=extra_evaluations,
+        **stats,
+    )

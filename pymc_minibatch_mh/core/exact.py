@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from pymc_minibatch_mh.core.barker import TestOutcome, barker_probability
-from pymc_minibatch_mh.core.common import is_fault, log_threshold
+from pymc_minibatch_mh.core.common import is_fault, log_threshold, rejection
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = ["ExactOutcome", "exact_test"]
@@ -101,33 +101,17 @@ def exact_test(
     log_u = log_threshold(rng, data_free, n_total)[0] if test == "metropolis" else math.nan
 
     if not math.isfinite(data_free):
-        return ExactOutcome(
-            accepted=False,
-            batch_size=0,
-            rounds=0,
-            full_data=False,
-            nonfinite=is_fault(data_free),
-            extra_evaluations=0,
-            delta=data_free,
-            accept_prob=0.0,
-            log_u=log_u,
-            test=test,
+        return rejection(
+            ExactOutcome, nonfinite=is_fault(data_free), delta=data_free, accept_prob=0.0,
+            log_u=log_u, test=test,
         )
     values, _, _ = source.draw(n_total)
     with np.errstate(invalid="ignore", over="ignore"):
         delta = float(np.sum(values)) + data_free
     if not math.isfinite(delta):
-        return ExactOutcome(
-            accepted=False,
-            batch_size=n_total,
-            rounds=1,
-            full_data=True,
-            nonfinite=is_fault(delta),
-            extra_evaluations=0,
-            delta=delta,
-            accept_prob=0.0,
-            log_u=log_u,
-            test=test,
+        return rejection(
+            ExactOutcome, nonfinite=is_fault(delta), batch_size=n_total, rounds=1,
+            full_data=True, delta=delta, accept_prob=0.0, log_u=log_u, test=test,
         )
     if test == "metropolis":
         accepted = log_u < delta

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pymc_minibatch_mh.core.barker import TestOutcome
-from pymc_minibatch_mh.core.common import is_fault, log_threshold
+from pymc_minibatch_mh.core.common import (
+    check_batch_size,
+    has_fault,
+    is_fault,
+    log_threshold,
+    rejection,
+)
 from pymc_minibatch_mh.core.moments import RunningMoments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
@@ -176,8 +182,7 @@ def mhsublhd_test(
     (1000, True, True)
 
     """
-    if int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = check_batch_size(batch_size)
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if not gamma > 1.0:
@@ -186,28 +191,14 @@ def mhsublhd_test(
         raise ValueError(f"p must exceed 1, got {p!r}")
     n_total = source.n_total
     _, psi = log_threshold(rng, data_free, n_total)
-
-    def rejected(
-        fault: bool, mean: float = math.nan, used: int = 0, rounds: int = 0,
-        extra: int = 0, c_range: float = math.nan,
-    ) -> MHSubLhdOutcome:
-        return MHSubLhdOutcome(
-            accepted=False,
-            batch_size=used,
-            rounds=rounds,
-            full_data=used >= n_total,
-            nonfinite=fault,
-            extra_evaluations=extra,
-            psi=psi,
-            mean=mean,
-            std=math.nan,
-            bound=math.nan,
-            delta_k=math.nan,
-            range_bound=c_range,
-        )
+    # Statistics of a test that rejects before its bound is computed.
+    undecided = {"psi": psi, "std": math.nan, "bound": math.nan, "delta_k": math.nan}
 
     if not math.isfinite(data_free):
-        return rejected(is_fault(data_free))
+        return rejection(
+            MHSubLhdOutcome, nonfinite=is_fault(data_free), mean=math.nan,
+            range_bound=math.nan, **undecided,
+        )
 
     extra = 0
     if range_bound is None:
@@ -216,15 +207,17 @@ def mhsublhd_test(
         with np.errstate(invalid="ignore"):
             c_range = float(everything.max() - everything.min())
         if not math.isfinite(c_range):
-            fault = bool(np.isnan(everything).any() or np.isposinf(everything).any())
-            return rejected(fault, extra=extra, c_range=c_range)
+            return rejection(
+                MHSubLhdOutcome, nonfinite=has_fault(everything), extra_evaluations=extra,
+                mean=math.nan, range_bound=c_range, **undecided,
+            )
     else:
         c_range = float(range_bound() if callable(range_bound) else range_bound)
         if not c_range >= 0.0:
             raise ValueError(f"range_bound must be non-negative, got {c_range!r}")
 
     moments = RunningMoments()
-    target = min(int(batch_size), n_total)
+    target = min(batch_size, n_total)
     k = 0
     while True:
         values, chunk_mean, chunk_m2 = source.draw(target - moments.count)
@@ -233,7 +226,11 @@ def mhsublhd_test(
         n = moments.count
         mean = moments.mean
         if not math.isfinite(mean) or math.isnan(moments.m2):
-            return rejected(mean != -math.inf, mean, n, k, extra, c_range)
+            return rejection(
+                MHSubLhdOutcome, nonfinite=mean != -math.inf, batch_size=n, rounds=k,
+                full_data=n >= n_total, extra_evaluations=extra, mean=mean,
+                range_bound=c_range, **undecided,
+            )
         delta_k = delta * (p - 1.0) / (p * k**p)
         std = math.sqrt(max(moments.m2, 0.0) / n)
         if n >= n_total:
