@@ -80,7 +80,7 @@ def _check_scale(scale: float, what: str) -> float:
     return scale
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, frozen=True)
 class GaussianSurrogate:
     r"""A Gaussian approximation ``N(θ̂, Σ)`` of the posterior, with its factors.
 
@@ -110,6 +110,9 @@ class GaussianSurrogate:
 
     Notes
     -----
+    The instance is frozen and its arrays are read-only: build a new one (and new
+    proposals) after re-centring.
+
     ``log_density`` includes ``−log det L`` but not ``−(d/2) log 2π``, so differences of
     it between two points are exact log ratios of the Gaussian densities.
 
@@ -176,12 +179,20 @@ class GaussianSurrogate:
             )
         eye = np.eye(d)
         chol_inv = scipy.linalg.solve_triangular(chol, eye, lower=True, check_finite=False)
-        self.theta_hat = mean
-        self.cov = cov
-        self.chol = chol
-        self.precision = chol_inv.T @ chol_inv
-        self.dim = d
-        self._half_logdet = float(np.sum(np.log(np.diag(chol))))
+        precision = chol_inv.T @ chol_inv
+        precision = 0.5 * (precision + precision.T)
+        # Frozen, with read-only arrays: the proposals remember whitened points and
+        # gradients computed from these factors, which must not change under them.
+        for name, value in (
+            ("theta_hat", mean),
+            ("cov", cov),
+            ("chol", chol),
+            ("precision", precision),
+        ):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "dim", d)
+        object.__setattr__(self, "_half_logdet", float(np.sum(np.log(np.diag(chol)))))
 
     def whiten(self, x: ArrayLike) -> NDArray[np.float64]:
         """``L⁻¹(x − θ̂)`` (a triangular solve, O(d²)); standard normal under the surrogate."""
