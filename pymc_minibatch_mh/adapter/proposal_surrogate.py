@@ -380,8 +380,10 @@ class SurrogateLangevinProposal:
     Notes
     -----
     **scale** is the step size ``h`` in units of the surrogate's standard deviations: the
-    noise is ``h·Lξ``. ``h ≈ 1.65 d^{-1/3}`` is optimal for MALA on a target equal to the
-    surrogate, with acceptance rate about 0.574 [2]_.
+    noise is ``h·Lξ``. As ``d → ∞`` the optimal ``h`` shrinks like ``d^{-1/3}`` with an
+    acceptance rate of about 0.574 [2]_; with the gradient of the Gaussian surrogate
+    itself the drift is ``−(h²/2)(θ − θ̂)`` and the move is an over-dispersed
+    autoregression around θ̂ much like :class:`CrankNicolsonProposal`.
 
     **log-q ratio.** With ``g = ∇log π̃(θ)``, ``g′ = ∇log π̃(θ′)`` and
     ``q(θ′|θ) = N(θ′; θ + (h²/2)Σg, h²Σ)``, the forward residual is
