@@ -149,13 +149,15 @@ def test_poisson_glm_sums_and_residuals_match_the_analytic_expansion(glm):
         delta, w = prop - cur, prop + cur - 2 * b_hat
         proxy = g_rows @ delta - 0.5 * rate * (x @ delta) * (x @ w)  # g_iᵀδ + ½ δᵀH_i w
         expected = (loglik(prop) - loglik(cur) - proxy) / temperature
-        r, data_free = cv.delta_fn(cur, prop, rows, np.array(1 / temperature))
+        r, data_free = cv.delta(cur, prop, rows, np.array(1 / temperature))
         np.testing.assert_allclose(r, expected[rows], rtol=1e-7, atol=1e-12)
         closed = (g_rows.sum(0) @ delta + 0.5 * delta @ (-(x.T * rate) @ x) @ w) / temperature
         prior_delta = step.likelihood.prior_delta(cur, prop)
         assert float(data_free) == pytest.approx(prior_delta + closed, rel=1e-9)
         # Closed form + all residuals = the exact Δ.
-        full = cv.full_residuals(cur, prop, np.array(1 / temperature), x.shape[0])
+        step._start_chain(np.random.default_rng(0))
+        cv.open(cur, prop, np.array(1 / temperature), 0.0, 0)
+        full = cv.full_pass()
         exact = (loglik(prop) - loglik(cur)).sum() / temperature + prior_delta
         assert full.sum() + float(data_free) == pytest.approx(exact, rel=1e-9, abs=1e-9)
 
@@ -169,7 +171,7 @@ def test_normal_likelihood_residuals_are_zero():
     rows = np.arange(0, 5000, 7, dtype=np.int64)
     cur, prop = np.array([1.4]), np.array([1.7])
     ratios = step.likelihood.delta(cur, prop, rows, np.array(1.0))[0]
-    r, data_free = cv.delta_fn(cur, prop, rows, np.array(1.0))
+    r, data_free = cv.delta(cur, prop, rows, np.array(1.0))
     assert np.abs(r).max() < 1e-10 * np.abs(ratios).max()
     exact = (-0.5 * ((x - 1.7) ** 2 - (x - 1.4) ** 2) / 4.0).sum() + step.likelihood.prior_delta(
         cur, prop
@@ -216,18 +218,17 @@ def test_delta_star_is_unbiased_with_the_right_variance(logistic):
     exact = (logistic_loglik(x, y, prop) - logistic_loglik(x, y, cur)).sum()
     exact += step.likelihood.prior_delta(cur, prop)
 
-    source = step._source
+    est = step.estimator
     step._start_chain(np.random.default_rng(4))
     estimates, variances, wrong = [], [], []
     p = expit(x @ theta_hat)
     delta, w = prop - cur, prop + cur - 2 * theta_hat
     second = -p * (1 - p) * (x @ delta) * (x @ w)  # δᵀH_i w, by hand
     for _ in range(3000):
-        data_free = source.begin(cur, prop, inv_t)
-        source.rows.start_step()
-        rows = source.rows.take(b)
-        r = cv.delta_fn(cur, prop, rows, inv_t)[0]
-        source.finish(1)
+        data_free = est.open(cur, prop, inv_t, 0.0, b)
+        r = est.draw_values(b)
+        rows = est.store._sampler.order[:b]
+        est.close(1)
         estimates.append(data_free + n * r.mean())
         variances.append(n * n * r.var(ddof=1) / b * (1 - (b - 1) / (n - 1)))
         # A wrong estimator: the residuals keep the second-order term.
@@ -361,12 +362,12 @@ def test_austere_and_mhsublhd_use_the_residuals(logistic):
         if name == "mhsublhd":  # its range comes from a full pass of residuals (counted)
             assert stats[0]["extra_evaluations"] == n
         # The full pass is of residuals: they add up with the data-free part to Δ.
-        src = s._source
+        est = s.estimator
         cur = s.likelihood.point_map.to_flat(point)
         prop = cur + 0.01
-        data_free = src.begin(cur, prop, np.array(0.5))
-        total = src.full_pass().sum() + data_free
-        src.finish(1)
+        data_free = est.open(cur, prop, np.array(0.5), 0.0, 0)
+        total = est.full_pass().sum() + data_free
+        est.close(1)
         exact = 0.5 * (logistic_loglik(x, y, prop) - logistic_loglik(x, y, cur)).sum()
         assert total == pytest.approx(exact + s.likelihood.prior_delta(cur, prop), rel=1e-8)
 
@@ -455,7 +456,9 @@ def test_error_likelihood_depends_on_variables_of_another_step():
 
 def test_error_map_not_converged(monkeypatch):
     x = np.random.default_rng(16).normal(size=300)
-    monkeypatch.setattr(cv_module, "MAP_TOLERANCE", -1.0)
+    from pymc_minibatch_mh.adapter import reference as reference_module
+
+    monkeypatch.setattr(reference_module, "MAP_TOLERANCE", -1.0)
     with normal_model(x):
         with pytest.raises(ControlVariateError, match="did not converge.*reference="):
             MinibatchBarker(control_variate="taylor")

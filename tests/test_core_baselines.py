@@ -31,7 +31,7 @@ from pymc_minibatch_mh.core.austere import (
 )
 from pymc_minibatch_mh.core.common import draw_uniform, is_fault, log_threshold
 from pymc_minibatch_mh.core.exact import exact_test
-from pymc_minibatch_mh.core.rows import ShuffledRows
+from pymc_minibatch_mh.core.rows import PartialShuffleRows
 from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.core.subsampling import bernstein_bound, mhsublhd_test
 
@@ -42,9 +42,9 @@ class RecordingSource(ArraySource):
 
     With ``fresh=True`` every step gets a new uniformly random row order, so the rows of a
     step are a uniform sample without replacement *independent of earlier steps*. The
-    statistical tests need this: with one order per pass (ShuffledRows), a step starts
-    where the previous one stopped, and when the previous test's stopping depended on its
-    rows and used a large part of N, the rows left in the pass are biased (e.g. AustereMH
+    statistical tests need this: with one order per pass, a step that starts where the
+    previous one stopped, when the previous test's stopping depended on its rows and used
+    a large part of N, gets the rows left in the pass, which are biased (e.g. AustereMH
     with N = 2000, m = 50, ε = 0.01, μ_std = 0.5 repeated on one population: error 0.066
     instead of the 0.041 predicted and observed with fresh orders).
     """
@@ -57,7 +57,7 @@ class RecordingSource(ArraySource):
 
     def start_step(self):
         if self.fresh:
-            self.rows = ShuffledRows(self.n_total, self._rng)
+            self.rows = PartialShuffleRows(self.n_total, self._rng)
         super().start_step()
         self.steps.append([])
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from pymc_minibatch_mh.core.barker import barker_test
 from pymc_minibatch_mh.core.correction import get_correction
-from pymc_minibatch_mh.core.rows import ShuffledRows
+from pymc_minibatch_mh.core.rows import PartialShuffleRows
 from pymc_minibatch_mh.core.source import ArraySource
 
 SHIPPED_SIGMAS = (0.8, 0.9, 1.0, 1.1, 1.2, 1.5)
@@ -38,8 +38,8 @@ SETTINGS = dict(
 )
 
 
-class RecordingRows(ShuffledRows):
-    """A ShuffledRows that records, per step, every row it hands out (copies)."""
+class RecordingRows(PartialShuffleRows):
+    """A PartialShuffleRows that records, per step, every row it hands out (copies)."""
 
     def __init__(self, n_rows, rng):
         super().__init__(n_rows, rng)
@@ -71,9 +71,9 @@ class RecordingSource(ArraySource):
         super().start_step()
         self.draws.append([])
 
-    def draw(self, count):
+    def draw_values(self, count):
         self.draws[-1].append(count)
-        return super().draw(count)
+        return super().draw_values(count)
 
 
 # ---------------------------------------------------------------- strategies
@@ -165,19 +165,23 @@ def test_barker_test_properties(case):
     for (outcome, state, drawn), step_rows, sizes in zip(
         results, rows.steps, source.draws, strict=True
     ):
-        taken = np.concatenate(step_rows) if step_rows else np.empty(0, dtype=np.int64)
-        # Rows: within [0, N), never twice in a step, as many as reported and drawn.
-        assert taken.size == drawn == outcome.batch_size <= n
-        assert np.unique(taken).size == taken.size
-        assert taken.size == 0 or (taken.min() >= 0 and taken.max() < n)
-        assert outcome.rounds == len(sizes)
+        drawn_rows = np.concatenate(step_rows) if step_rows else np.empty(0, dtype=np.int64)
+        # Rows: within [0, N), never twice in a step; the test used the first ones drawn.
+        assert drawn_rows.size == drawn == sum(sizes) >= outcome.batch_size
+        assert drawn_rows.size <= n
+        assert np.unique(drawn_rows).size == drawn_rows.size
+        assert drawn_rows.size == 0 or (drawn_rows.min() >= 0 and drawn_rows.max() < n)
+        taken = drawn_rows[: outcome.batch_size]
         if c == -math.inf:
             # Outside the prior's support: rejected without touching the data.
             assert not outcome.accepted and outcome.batch_size == 0 and not outcome.nonfinite
+            assert drawn == 0
             continue
         # Growth: batch_size per round; only the last round may be smaller, to reach N.
-        cumulative = np.cumsum(sizes)
-        assert list(cumulative) == [min(k * b, n) for k in range(1, len(sizes) + 1)]
+        assert outcome.batch_size == min(outcome.rounds * b, n)
+        # Draws are whole rounds (or reach N), so no drawn row is left between rounds.
+        assert all(size % b == 0 or start + size == n
+                   for start, size in zip(np.cumsum([0, *sizes[:-1]]), sizes, strict=True))
         assert outcome.full_data == (outcome.batch_size == n)
         assert not outcome.nonfinite
         # The test stopped for a reason it reports.
@@ -251,14 +255,14 @@ def row_programs(draw):
 
 @settings(max_examples=300, **SETTINGS)
 @given(row_programs())
-def test_shuffled_rows_take_and_give_back(program):
+def test_partial_shuffle_rows_take_and_give_back(program):
     """A step never sees a row twice; given-back rows come first in the next take; the
     sampler refuses to hand out more than N rows in a step or to take back more than it
     gave; and the same seed gives the same rows."""
 
     def run():
         n, ops, seed = program
-        rows = ShuffledRows(n, np.random.default_rng(seed))
+        rows = PartialShuffleRows(n, np.random.default_rng(seed))
         rows.start_step()
         held: list[int] = []  # rows of the current step, in order, net of give-backs
         returned: list[int] = []  # the rows most recently given back, in order
@@ -300,10 +304,10 @@ def test_shuffled_rows_take_and_give_back(program):
     sizes=st.lists(st.integers(1, 500), min_size=1, max_size=40),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_shuffled_rows_full_steps_and_wrap_around(n, sizes, seed):
-    """Over many steps (with reshuffles and windows that wrap around the order's end),
-    each step's rows are distinct and a step of N rows is a permutation of all rows."""
-    rows = ShuffledRows(n, np.random.default_rng(seed))
+def test_partial_shuffle_rows_full_steps(n, sizes, seed):
+    """Over many steps, each step's rows are distinct and a step of N rows is a
+    permutation of all rows."""
+    rows = PartialShuffleRows(n, np.random.default_rng(seed))
     for size in sizes:
         size = min(size, n)
         rows.start_step()
@@ -316,5 +320,5 @@ def test_shuffled_rows_full_steps_and_wrap_around(n, sizes, seed):
             np.testing.assert_array_equal(np.sort(got), np.arange(n))
         with pytest.raises(ValueError):
             rows.take(n - size + 1)
-    # The order remains a permutation of the rows after every reshuffle.
+    # The order remains a permutation of the rows after every step.
     np.testing.assert_array_equal(np.sort(rows.order), np.arange(n))

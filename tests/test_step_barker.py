@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import cloudpickle
@@ -12,7 +13,7 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
 
 EXPECTED_STATS = {
     "accepted": np.float64,
@@ -298,21 +299,27 @@ def test_set_data_new_length_is_used():
     assert got == pytest.approx(expected, rel=1e-10)
 
 
-def test_prefetch_changes_cost_not_results(reg_model):
-    """Rows evaluated ahead of need are given back: draws and stats are identical."""
+def test_prefetch_changes_cost_not_the_law(reg_model):
+    """Rows evaluated ahead of need take no part in the decision, but they are drawn from
+    the chain's generator: another prefetch setting draws other random rows. The law is
+    the same (batch sizes and acceptance agree within Monte Carlo error), and one setting
+    with one seed gives identical draws."""
     results = []
-    for prefetch in (1, 3, "auto"):
+    for prefetch in (1, 4, "auto", 4):
         with reg_model:
             step = MinibatchBarker(batch_size=20, temperature=5.0, S=[0.02] * 3, tune=False,
                                    prefetch=prefetch)
-            idata = pm.sample(draws=300, tune=0, step=step, chains=1, **sample_kwargs())
+            idata = pm.sample(draws=600, tune=0, step=step, chains=1, **sample_kwargs())
         results.append((draws_of(idata), sample_stats(idata)))
     assert float(results[0][1]["growth_rounds"].mean()) > 1.5  # growth actually happens
-    for draws, ss in results[1:]:
-        for k, v in draws.items():
-            np.testing.assert_allclose(v, results[0][0][k], rtol=1e-12)
-        np.testing.assert_array_equal(ss["batch_size"], results[0][1]["batch_size"])
-        np.testing.assert_allclose(ss["delta_star"], results[0][1]["delta_star"], rtol=1e-9)
+    for k, v in results[3][0].items():
+        np.testing.assert_array_equal(v, results[1][0][k])
+    sizes = [np.asarray(ss["batch_size"], dtype=float).ravel() for _, ss in results[:3]]
+    accepted = [np.asarray(ss["accepted"], dtype=float).ravel() for _, ss in results[:3]]
+    for a, b in ((0, 1), (0, 2)):
+        for x, y in ((sizes[a], sizes[b]), (accepted[a], accepted[b])):
+            z = abs(x.mean() - y.mean()) / math.hypot(mcse(x), mcse(y))
+            assert z < 4, (a, b, x.mean(), y.mean(), z)
 
 
 def test_progress_stats_are_running_means(reg_model, reg_step):

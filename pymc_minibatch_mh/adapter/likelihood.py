@@ -188,6 +188,11 @@ class MinibatchLikelihood:
         """
         return self._delta_fn(x_cur, x_prop, inv_temperature, *self.store.rows(rows))
 
+    def prior_delta(self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64]) -> float:
+        """``log p0(θ') − log p0(θ)`` (priors, Jacobians and Potentials), as a step computes it."""
+        no_rows = np.empty(0, dtype=np.int64)
+        return float(self.delta(x_cur, x_prop, no_rows, np.array(1.0))[1])
+
     def prior(self, x: NDArray[np.float64]) -> float:
         """Log prior with Jacobians and Potentials at ``x``."""
         return float(self._prior_fn(x))

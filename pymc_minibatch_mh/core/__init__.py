@@ -37,7 +37,7 @@ from pymc_minibatch_mh.core.buffered import BufferedGenerator
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 from pymc_minibatch_mh.core.moments import RunningMoments, clt_error_bound
-from pymc_minibatch_mh.core.rows import ShuffledRows
+from pymc_minibatch_mh.core.rows import PartialShuffleRows
 from pymc_minibatch_mh.core.source import ArraySource, MinibatchSource
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
@@ -52,7 +52,7 @@ __all__ = [
     "MHSubLhdOutcome",
     "MinibatchSource",
     "RunningMoments",
-    "ShuffledRows",
+    "PartialShuffleRows",
     "TestOutcome",
     "austere_nc_test",
     "austere_test",
