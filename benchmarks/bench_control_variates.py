@@ -112,7 +112,7 @@ def main(argv=None):
         cv = step.control_variate
         # Compile the per-step function's JIT code now: part of the set-up, not of sampling.
         x_hat = np.array(cv.reference.theta)
-        cv.delta_fn(x_hat, x_hat, np.arange(args.batch_size, dtype=np.int64), np.array(1.0))
+        cv.delta(x_hat, x_hat, np.arange(args.batch_size, dtype=np.int64), np.array(1.0))
     setup = time.perf_counter() - start
     map_point = cv.reference_point()
     start = time.perf_counter()
@@ -142,7 +142,8 @@ def main(argv=None):
             batch_size=args.plain_batch_size, S=cv.laplace_covariance(),
             scaling=2.38 / math.sqrt(d), tune=False, check_start=False,
         )
-        plain.likelihood.delta(x_hat, x_hat, np.arange(args.batch_size), np.array(1.0))  # JIT
+        plain.likelihood.delta(x_hat, x_hat, np.arange(args.batch_size, dtype=np.int64),
+                              np.array(1.0))  # JIT
         start = time.perf_counter()
         idata_plain = pm.sample(
             draws=args.plain_draws, tune=0, step=plain, chains=1, cores=1, initvals=map_point,

@@ -6,19 +6,21 @@ deviation 0.15 per coordinate, initial minibatch 50, σ = 1, 3000 samples.
 Measured in the same run, so that the table reads as ratios on whatever machine runs it:
 
 - MinibatchBarker inside ``pm.sample``: average batch size and time per step;
-- one call of the compiled minibatch evaluation at the average batch size, for the C and
-  the Numba backends of PyTensor (the faster one is the package's default on this line),
-  on random rows of the data as stored (the plain way), and on a random window of rows
-  stored in a random order (the way the step reads them; see
-  ``MinibatchLikelihood.arrange_rows``);
+- one minibatch evaluation at the average batch size b: b random rows of the data as
+  stored, gathered (``lik.store.rows``, one ``np.take`` per data array) and passed to
+  PyTensor's ``Function`` (``lik._delta_fn``), for the C and the Numba backends of
+  PyTensor (the faster one is the package's default on this line). The gather is timed
+  inside the evaluation: a plain implementation that indexes the data inside its
+  compiled graph pays it inside the call. Also the same rows through the direct call of
+  the jitted graph (``lik.delta_fast``), the way the step calls it;
 - a no-op step method inside ``pm.sample`` (PyMC's own per-step overhead);
 - ``pm.Metropolis`` on the same model (one full-data evaluation per draw: full-data MH).
 
 Times per step are steady-state: ``pm.sample`` calls a callback after every draw, and a
 step's time is the mean over a block of 100 consecutive draws, so that a chain's one-off
-start (its row order, the full-data check of the start point) is not spread over the
-steps; the start is reported separately. The callback's own cost (measured) is subtracted
-from the step and from the no-op step alike.
+start (reading the data into the row store, the row sampler's order, the full-data check
+of the start point) is not spread over the steps; the start is reported separately. The
+callback's own cost (measured) is subtracted from the step and from the no-op step alike.
 
 This machine's speed drifts by a factor of up to 2 from one block to the next (other
 virtual machines share the host), so the evaluation is timed *between* the blocks of
@@ -34,7 +36,9 @@ Targets (issue "MinibatchBarker"): average batch size ≤ 205 (paper: 182.3 ± 1
 σ = 0.9); time per step ≤ 2 × (one minibatch evaluation + one no-op PyMC step); at least
 1000 × faster per step than full-data MH.
 
-Run: ``python benchmarks/bench_gaussian_mixture.py [--draws 3000] [--trials 5]``.
+Run: ``python benchmarks/bench_gaussian_mixture.py [--draws 3000] [--trials 5]`` (from a
+checkout that is not the installed one, set ``PYTHONPATH`` to it: a script's own folder,
+not the working directory, is first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -169,37 +173,41 @@ def time_blocks(fn, args_iter, repeats, number):
     return blocks
 
 
-def make_eval(model, mode, batch, n, arranged=False, blocks=30):
-    """A timer of one call of the compiled minibatch function at ``batch`` rows.
+def make_eval(model, mode, batch, n, direct=False, blocks=30):
+    """A timer of one minibatch evaluation at ``batch`` random rows of the data.
 
-    ``arranged=False``: random rows of the data as stored, called through PyTensor's
-    ``Function``. ``arranged=True``: a random window of positions in data stored in a
-    random order, called the way the step calls it. Returns a function of no arguments
-    that returns the seconds per call of ``blocks`` blocks of ``BLOCK`` calls (a list), or
-    of one block (a float) when ``blocks`` is None.
+    Each call gathers ``batch`` random rows (a window of a fixed random permutation of the
+    row indices, so rows without replacement) from the data as stored, with
+    ``lik.store.rows`` (one ``np.take`` per data array), and evaluates them:
+    ``direct=False`` through PyTensor's ``Function`` (``lik._delta_fn``), the plain way;
+    ``direct=True`` through the direct call of the jitted graph (``lik.delta_fast``), the
+    way the step calls it. The gather is inside the timed call in both cases. Returns a
+    function of no arguments that returns the seconds per call of ``blocks`` blocks of
+    ``BLOCK`` calls (a list), or of one block (a float) when ``blocks`` is None.
     """
     lik = MinibatchLikelihood(model, model.value_vars, mode=mode)
     rng = np.random.default_rng(0)
     order = rng.permutation(n).astype(np.int64)
-    if arranged:
-        lik.arrange_rows(order)
-        order = np.arange(n, dtype=np.int64)
-    fn = lik.delta_fast if arranged else lik.delta
+    fn = lik.delta_fast if direct else lik._delta_fn
+    gather = lik.store.rows
     x0 = np.array([0.0, 1.0])
     x1 = np.array([0.1, 0.9])
     inv_t = np.array(1e-4)
 
+    def evaluate(idx):
+        return fn(x0, x1, inv_t, *gather(idx))
+
     def args():
         while True:
             start = int(rng.integers(0, n - batch))
-            yield x0, x1, order[start : start + batch], inv_t
+            yield (order[start : start + batch],)
 
     it = args()
     for _ in range(200):  # warm-up (Numba compiles on the first call)
-        fn(*next(it))
+        evaluate(*next(it))
     if blocks is None:
-        return lambda: time_blocks(fn, it, 1, BLOCK)[0]
-    return lambda: time_blocks(fn, it, blocks, BLOCK)
+        return lambda: time_blocks(evaluate, it, 1, BLOCK)[0]
+    return lambda: time_blocks(evaluate, it, blocks, BLOCK)
 
 
 def main(argv=None):
@@ -257,7 +265,7 @@ def main(argv=None):
 
     other = "FAST_RUN" if default_mode() == "NUMBA" else "NUMBA"
     t_other = summary(make_eval(model, other, batch, args.n)())[1]
-    t_eval_arranged = summary(make_eval(model, default_mode(), batch, args.n, arranged=True)())[1]
+    t_eval_direct = summary(make_eval(model, default_mode(), batch, args.n, direct=True)())[1]
     t_eval_again = summary(make_eval(model, default_mode(), batch, args.n)())[1]
     with model:
         metro = pm.Metropolis(S=np.array([0.15, 0.15]), tune=False)
@@ -276,19 +284,20 @@ def main(argv=None):
           f"{statistics.pstdev(sizes):.1f} | ≤ 205 (paper 182.3 ± 11.4) |")
     print(f"| time per step (MinibatchBarker in pm.sample, steady state) | {t_step * us:.1f} µs "
           f"({t_step_lo * us:.1f}) | ≤ 2 × (evaluation + no-op step) |")
-    print(f"| one-off start of a chain (row order, start-point check) | "
+    print(f"| one-off start of a chain (row store, row sampler, start-point check) | "
           f"{statistics.median(starts) * 1e3:.0f} ms | |")
-    print(f"| one minibatch evaluation at b = {batch}, random rows, {default_mode()} (default), "
-          f"between the step blocks | {t_eval * us:.1f} µs ({t_eval_lo * us:.1f}) | |")
+    print(f"| one minibatch evaluation at b = {batch}: gather of random rows + PyTensor "
+          f"Function, {default_mode()} (default), between the step blocks | "
+          f"{t_eval * us:.1f} µs ({t_eval_lo * us:.1f}) | |")
     print(f"| no-op PyMC step | {noop * us:.1f} µs ({noop_lo * us:.1f}); "
           f"{noop_share:.2f} × an evaluation | |")
     print(f"| timing callback, subtracted from both steps | {callback * us:.2f} µs | |")
     print(f"| **step / (evaluation + no-op step)**, median of the blocks' paired ratios "
           f"(quartiles) | **{ratio:.2f}** ({ratio_lo:.2f}–{ratio_hi:.2f}) | ≤ 2 |")
     print(f"| the same from the medians above (unpaired) | {ratio_unpaired:.2f} | |")
-    print(f"| after the trials: the evaluation again / with the {other} backend / on rows "
-          f"stored in a random order (as the step reads them) | {t_eval_again * us:.1f} / "
-          f"{t_other * us:.1f} / {t_eval_arranged * us:.1f} µs | |")
+    print(f"| after the trials: the evaluation again / with the {other} backend / by the "
+          f"direct call of the jitted graph (as the step calls it), gather included | "
+          f"{t_eval_again * us:.1f} / {t_other * us:.1f} / {t_eval_direct * us:.1f} µs | |")
     print(f"| pm.Metropolis (full-data MH) per draw | {t_metro * 1e3:.1f} ms | |")
     print(f"| speed-up over full-data MH (median step) | {t_metro / t_step:,.0f} × "
           "| ≥ 1000 × |")
