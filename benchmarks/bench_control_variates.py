@@ -112,7 +112,7 @@ def main(argv=None):
         cv = step.control_variate
         # Compile the per-step function's JIT code now: part of the set-up, not of sampling.
         x_hat = np.array(cv.reference.theta)
-        cv.delta(x_hat, x_hat, np.arange(args.batch_size, dtype=np.int64), np.array(1.0))
+        cv.fn(x_hat, x_hat, np.array(1.0), *cv.store.rows(np.arange(args.batch_size)))
     setup = time.perf_counter() - start
     map_point = cv.reference_point()
     start = time.perf_counter()

@@ -189,7 +189,9 @@ def test_estimator_serves_the_rows_the_store_drew(control_variate):
                                control_variate=control_variate)
     step._start_chain(np.random.default_rng(0))
     est = step.estimator
-    per_rows = est.delta if control_variate else step.likelihood.delta
+    def per_rows(cur, prop, rows, inv_t):
+        return est.fn(cur, prop, inv_t, *est.store.rows(rows))
+
     cur, prop, inv_t = np.array([0.4, -0.9]), np.array([0.45, -1.0]), np.array(0.5)
     data_free = est.open(cur, prop, inv_t, 0.25, 100)
     assert est.buffered == 100

@@ -78,12 +78,13 @@ def default_mode() -> str:
 def call_cost_rows(mode: Any) -> float:
     """Fixed cost of one call of the per-step function, in rows of work (measured).
 
-    With Numba a call costs about 4–7 µs against 0.07–0.13 µs per row on the Gaussian
-    mixture; PyTensor 2's C virtual machine about 28 µs against 0.17 µs per row. Used to
-    choose how many rows to evaluate per call
-    (:class:`~pymc_minibatch_mh.adapter.estimator.PrefetchPolicy`).
+    With Numba a call of a step's per-row function costs about 6–7 µs (the row draw, the
+    gather, the jitted call and the test's compiled rounds) against 0.05–0.13 µs per row
+    on the Gaussian mixture (``benchmarks/README.md``); PyTensor 2's C virtual machine
+    about 28 µs against 0.17 µs per row. Used to choose how many rows to evaluate with a
+    step's data-free part (:class:`~pymc_minibatch_mh.adapter.estimator.PrefetchPolicy`).
     """
-    return 100.0 if str(mode).upper() == "NUMBA" else 165.0
+    return 140.0 if str(mode).upper() == "NUMBA" else 165.0
 
 
 def jvp(f: Any, wrt: Any, tangent: Any) -> Any:

@@ -313,7 +313,7 @@ class TaylorEstimator(RatioEstimator):
         delta = x_prop - x_cur
         w = x_prop + x_cur - 2.0 * self._theta
         first, second = clone_replace(
-            [first, second], {t: self._theta, u: delta, v: w}, rebuild_strict=False
+            [first, second], {t: self._theta, u: delta, v: w}
         )
         residuals = graphs.ratios - (first + 0.5 * second) * inv_t
         closed_form = (
@@ -323,20 +323,6 @@ class TaylorEstimator(RatioEstimator):
             [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
         )
         return direct_call(fn)
-
-    def delta(
-        self,
-        x_cur: NDArray[np.float64],
-        x_prop: NDArray[np.float64],
-        rows: NDArray[np.int64],
-        inv_temperature: NDArray[np.float64],
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Residuals of the given rows (row indices), and the data-free part.
-
-        The data-free part includes the closed form; the counterpart of
-        :meth:`~pymc_minibatch_mh.adapter.likelihood.MinibatchLikelihood.delta`.
-        """
-        return self.fn(x_cur, x_prop, inv_temperature, *self.store.rows(rows))
 
     # ---------------------------------------------------------------- per chain
     def _set_reference(self, ref: TaylorReference) -> None:

@@ -6,7 +6,7 @@ parameter checks into ``-inf``, and reading data variables.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,24 +64,24 @@ def op_names(outputs: Sequence[Variable]) -> set[str]:
     return {type(v.owner.op).__name__ for v in ancestors(outputs) if v.owner is not None}
 
 
-def clone_replace(
-    outputs: Any, replace: Mapping[Variable, Variable], rebuild_strict: bool = False
-) -> Any:
-    """Rebuild ``outputs`` with ``replace`` applied, letting types change, without SpecifyShape.
+def _rebuild(
+    outputs: list[Variable],
+    replace: Mapping[Variable, Variable],
+    node_rule: Callable[[Any, list[Variable]], Variable | None],
+) -> list[Variable]:
+    """Rebuild ``outputs`` with ``replace`` applied; ``node_rule`` may replace a node.
 
-    Like ``pytensor.graph.replace.clone_replace(..., rebuild_strict=False)``, but every
-    ``SpecifyShape`` node is dropped: PyMC's log-probability graphs pin the static length
-    of the observed data (N), which no longer holds once the data are indexed by rows.
-    Nodes whose inputs are unchanged are reused, not copied.
+    ``node_rule(node, new_inputs)`` returns the new variable for the node's (single)
+    output, or None to rebuild the node as it is. Nodes whose inputs are unchanged are
+    reused, not copied, so nodes shared with the model are left untouched.
     """
-    single = isinstance(outputs, Variable)
-    outs = [outputs] if single else list(outputs)
     memo: dict[Variable, Variable] = dict(replace)
-    roots = [v for v in graph_inputs(outs) if v not in memo]
-    for node in io_toposort(roots + list(memo), outs):
+    roots = [v for v in graph_inputs(outputs) if v not in memo]
+    for node in io_toposort(roots + list(memo), outputs):
         new_inputs = [memo.get(i, i) for i in node.inputs]
-        if isinstance(node.op, SpecifyShape):
-            memo[node.outputs[0]] = new_inputs[0]
+        ruled = node_rule(node, new_inputs)
+        if ruled is not None:
+            memo[node.outputs[0]] = ruled
             continue
         if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
             continue
@@ -90,8 +90,33 @@ def clone_replace(
         new_outputs = node.op(*new_inputs, return_list=True)
         for old, new in zip(node.outputs, new_outputs, strict=True):
             memo[old] = new
-    result = [memo.get(o, o) for o in outs]
+    return [memo.get(o, o) for o in outputs]
+
+
+def _drop_specify_shape(node: Any, new_inputs: list[Variable]) -> Variable | None:
+    return new_inputs[0] if isinstance(node.op, SpecifyShape) else None
+
+
+def clone_replace(outputs: Any, replace: Mapping[Variable, Variable]) -> Any:
+    """Rebuild ``outputs`` with ``replace`` applied, letting types change, without SpecifyShape.
+
+    Like ``pytensor.graph.replace.clone_replace(..., rebuild_strict=False)``, but every
+    ``SpecifyShape`` node is dropped: PyMC's log-probability graphs pin the static length
+    of the observed data (N), which no longer holds once the data are row batches.
+    """
+    single = isinstance(outputs, Variable)
+    result = _rebuild([outputs] if single else list(outputs), replace, _drop_specify_shape)
     return result[0] if single else result
+
+
+def _check_as_ninf(node: Any, new_inputs: list[Variable]) -> Variable | None:
+    if not (isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf):
+        return None
+    expr, *conds = new_inputs
+    if all(isinstance(c, Constant) and np.all(c.data) for c in conds):
+        return expr  # checks that always pass
+    cond = conds[0] if len(conds) == 1 else pt.all(pt.stack(conds))
+    return pt.switch(cond, expr, -np.inf).astype(node.outputs[0].dtype)
 
 
 def checks_as_ninf(outputs: Sequence[Variable]) -> list[Variable]:
@@ -101,27 +126,9 @@ def checks_as_ninf(outputs: Sequence[Variable]) -> list[Variable]:
     (``sigma <= 0``, ...); PyMC's own compiled functions (``pymc.pytensorf.compile``) turn
     those checks into a switch to ``-inf`` (the same rewrite, applied here to the graph), so
     such a proposal is rejected instead of stopping the chain with an exception. The graph
-    is rebuilt, not rewritten in place: nodes shared with the model are left untouched.
+    is rebuilt, not rewritten in place.
     """
-    outs = list(outputs)
-    memo: dict[Variable, Variable] = {}
-    for node in io_toposort(list(graph_inputs(outs)), outs):
-        new_inputs = [memo.get(i, i) for i in node.inputs]
-        if isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf:
-            expr, *conds = new_inputs
-            if all(isinstance(c, Constant) and np.all(c.data) for c in conds):
-                memo[node.outputs[0]] = expr  # checks that always pass
-                continue
-            cond = conds[0] if len(conds) == 1 else pt.all(pt.stack(conds))
-            out = pt.switch(cond, expr, -np.inf)
-            memo[node.outputs[0]] = out.astype(node.outputs[0].dtype)
-            continue
-        if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
-            continue
-        new_outputs = node.op(*new_inputs, return_list=True)
-        for old, new in zip(node.outputs, new_outputs, strict=True):
-            memo[old] = new
-    return [memo.get(o, o) for o in outs]
+    return _rebuild(list(outputs), {}, _check_as_ninf)
 
 
 def is_shape_constant(var: Constant, n: int) -> bool:

@@ -119,11 +119,11 @@ class RowStore:
     def take(self, count: int) -> tuple[NDArray[Any], ...]:
         """``count`` rows not yet taken in this step, uniformly at random, one per array."""
         idx = self._sampler.take(count)  # type: ignore[union-attr]
-        return tuple([np.take(a, idx, axis=0) for a in self.arrays])
+        return tuple([a[idx] for a in self.arrays])  # fancy indexing: cheaper than np.take
 
     def rows(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         """The rows at ``positions`` (row indices of the data), one array per variable."""
-        return tuple([np.take(a, positions, axis=0) for a in self.arrays])
+        return tuple([a[positions] for a in self.arrays])
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
         """A full pass: consecutive chunks of at most ``size`` rows (views, no copies)."""

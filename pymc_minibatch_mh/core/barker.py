@@ -101,7 +101,9 @@ class BarkerOutcome(TestOutcome):
     variance : float
         Its estimated variance s²(Δ*) (0 when all data were used).
     epsilon : float
-        Novak's bound on the normal-approximation error of Δ* (standardised; see
+        Plug-in estimate of Novak's bound on the normal-approximation error of Δ*,
+        from the minibatch's own moments (an estimate, not a bound; above 1 it says the
+        normal approximation cannot be trusted at this batch size; standardised; see
         :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`); 0 at full data.
     edgeworth : float
         First-order Edgeworth estimate of the same error (sharper, not a bound).
@@ -184,65 +186,6 @@ def barker_decision(
     # sd · N(0, 1): the same value as rng.normal(0, sd), with less call overhead.
     x_nc = math.sqrt(sigma2 - variance) * rng.standard_normal()
     return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
-
-
-def rejected_outcome(
-    delta_star: float, *, batch_size: int = 0, rounds: int = 0, full_data: bool = False
-) -> BarkerOutcome:
-    """The outcome of a step stopped by a non-finite Δ* (or data-free part): a rejection.
-
-    ``−inf`` rejects cleanly (zero likelihood or prior); NaN or ``+inf`` also sets
-    ``nonfinite``. Before any row was used (``batch_size = 0``) the spread stats are 0;
-    after, they are NaN.
-    """
-    spread = 0.0 if batch_size == 0 else math.nan
-    return BarkerOutcome(
-        accepted=False,
-        batch_size=batch_size,
-        rounds=rounds,
-        full_data=full_data,
-        nonfinite=not delta_star == -math.inf,
-        extra_evaluations=0,
-        delta_star=delta_star,
-        variance=spread,
-        epsilon=spread,
-        edgeworth=spread,
-        early=False,
-        accept_prob=0.0,
-    )
-
-
-def decided_outcome(
-    rng: np.random.Generator,
-    correction: CorrectionSampler,
-    *,
-    delta_star: float,
-    variance: float,
-    batch_size: int,
-    rounds: int,
-    full_data: bool,
-    epsilon: float,
-    edgeworth: float,
-    early: bool,
-) -> BarkerOutcome:
-    """The outcome of a step whose minibatch is fixed: the decision and the stats.
-
-    The decision is drawn by :func:`barker_decision`.
-    """
-    return BarkerOutcome(
-        accepted=barker_decision(rng, delta_star, variance, correction, full_data=full_data),
-        batch_size=batch_size,
-        rounds=rounds,
-        full_data=full_data,
-        nonfinite=False,
-        extra_evaluations=0,
-        delta_star=delta_star,
-        variance=variance,
-        epsilon=epsilon,
-        edgeworth=edgeworth,
-        early=early,
-        accept_prob=barker_probability(delta_star),
-    )
 
 
 @numba.njit(cache=True, nogil=True)
@@ -431,37 +374,45 @@ class BarkerTest:
             The decision and the test's statistics.
 
         """
-        if not math.isfinite(data_free):
-            # -inf: the proposal is outside the prior's support; no data are needed.
-            return rejected_outcome(data_free)
+        sigma2, tolerance, early = self._settings
+        n = rounds = 0
+        delta_star, variance, epsilon, edgeworth = data_free, 0.0, 0.0, 0.0
+        # -inf: the proposal is outside the prior's support; no data are needed.
+        status = STOPPED if not math.isfinite(data_free) else NEED_MORE
         n_total = source.n_total
         m = self.batch_size
-        sigma2, tolerance, early = self._settings
         buffered = source.buffered
         count = min(n_total, max(m, buffered - buffered % m))
         buf = self._buf
-        n = rounds = 0
         mean = m2 = 0.0
-        while True:
+        while status == NEED_MORE:
             if buf.shape[0] < n + count:
                 grown = np.empty(max(n + count, 2 * buf.shape[0]))
                 grown[:n] = buf[:n]
                 buf = self._buf = grown
-            result = barker_rounds(
-                source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
-                sigma2, tolerance, early,
+            status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth = (
+                barker_rounds(
+                    source.draw_values(count), buf, n, mean, m2, rounds, n_total, m,
+                    data_free, sigma2, tolerance, early,
+                )
             )
-            status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth = result
-            if status != NEED_MORE:
-                break
-            count = growth_rows(n, variance, n_total, m, sigma2)
-        full_data = n >= n_total
+            if status == NEED_MORE:
+                count = growth_rows(n, variance, n_total, m, sigma2)
         if status == STOPPED:
-            return rejected_outcome(delta_star, batch_size=n, rounds=rounds, full_data=full_data)
-        return decided_outcome(
-            rng, self.correction, delta_star=delta_star, variance=variance, batch_size=n,
-            rounds=rounds, full_data=full_data, epsilon=epsilon, edgeworth=edgeworth,
-            early=status == EARLY,
+            # A rejection: −inf cleanly (zero likelihood or prior), NaN or +inf as a fault.
+            # Before any row was used the spread stats are 0; after, they are NaN.
+            accepted, nonfinite, accept_prob = False, not delta_star == -math.inf, 0.0
+            variance = epsilon = edgeworth = 0.0 if n == 0 else math.nan
+        else:
+            accepted = barker_decision(
+                rng, delta_star, variance, self.correction, full_data=n >= n_total
+            )
+            nonfinite, accept_prob = False, barker_probability(delta_star)
+        return BarkerOutcome(
+            accepted=accepted, batch_size=n, rounds=rounds, full_data=n >= n_total,
+            nonfinite=nonfinite, extra_evaluations=0, delta_star=delta_star,
+            variance=variance, epsilon=epsilon, edgeworth=edgeworth, early=status == EARLY,
+            accept_prob=accept_prob,
         )
 
 

@@ -53,7 +53,7 @@ class MinibatchBarker(MinibatchStep):
     target_accept : float, default 0.25
         Target acceptance probability of the tuning.
     tolerance : float, optional
-        If given, the minibatch also grows until the error bound ε is at most this value
+        If given, the minibatch also grows until the error estimate ε is at most this value
         (ε > 6.4/√b always, so this needs ``b > (6.4/tolerance)²``). Default: report ε on
         every step without stopping on it, as the paper's experiments do.
     early_decision : float, optional
@@ -71,8 +71,10 @@ class MinibatchBarker(MinibatchStep):
     Notes
     -----
     Sample stats (all scalars): ``accepted`` (1.0/0.0), ``accept`` (``g(Δ*)``),
-    ``batch_size`` (observations used by this step's test), ``epsilon`` (Novak bound on
-    the normal-approximation error), ``edgeworth`` (sharper Edgeworth estimate of it),
+    ``batch_size`` (observations used by this step's test), ``epsilon`` (plug-in estimate
+    of Novak's bound on the normal-approximation error: an estimate from the minibatch's
+    own moments, not a bound; above 1 the normal approximation cannot be trusted),
+    ``edgeworth`` (sharper Edgeworth estimate of the same error),
     ``delta_star`` (Δ*), ``delta_variance`` (s²), ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
     ``scaling`` (the effective proposal scale), ``temperature``, and the chain's running
