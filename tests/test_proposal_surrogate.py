@@ -486,3 +486,12 @@ def test_names_and_constructor_checks():
     bad = SurrogateLangevinProposal(lambda x: np.zeros(2), sur)
     with pytest.raises(ValueError, match="expected \\(3,\\)"):
         bad.propose(np.random.default_rng(0), SUR_MEAN, 0.5)
+
+
+def test_proposal_surrogate_re_exports_the_split_modules():
+    from pymc_minibatch_mh.adapter import gaussian_surrogate, proposal_gradient, proposal_surrogate
+
+    assert proposal_surrogate.GaussianSurrogate is gaussian_surrogate.GaussianSurrogate
+    for name in proposal_gradient.__all__:
+        assert getattr(proposal_surrogate, name) is getattr(proposal_gradient, name)
+        assert name in proposal_surrogate.__all__
