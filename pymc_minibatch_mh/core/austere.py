@@ -215,13 +215,9 @@ def austere_test(
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        Source of ``u`` (one draw, made first, see
-        :func:`~pymc_minibatch_mh.core.common.log_threshold`).
-    source : MinibatchSource
-        Gives the ratios ``l_i`` of new rows; the caller has opened the step.
-    data_free : float
-        The data-free part ``c(θ, θ')``.
+    rng, source, data_free
+        As for every threshold test (:mod:`~pymc_minibatch_mh.core.common`); ``u`` sets
+        the threshold ``μ0 = (log u − c) / N``.
     batch_size : int
         Rows per round m (the first minibatch too); the last round may be smaller.
     epsilon : float
@@ -309,13 +305,9 @@ def austere_nc_test(
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        Source of ``u`` (one draw, made first).
-    source : MinibatchSource
-        The step's source; ``full_pass()`` gives all N ratios (for μ and σ_l), ``draw``
-        the rows of the sequential test.
-    data_free : float
-        The data-free part ``c(θ, θ')``.
+    rng, source, data_free
+        As for :func:`austere_test`; ``source.full_pass()`` also gives all N ratios (for
+        μ and σ_l).
     design_table : AustereDesignTable
         The tabulated choice for this N and error bound (see :func:`~.design_table`).
 

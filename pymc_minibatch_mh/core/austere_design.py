@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -51,12 +52,7 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2)
 
 
 def worst_case_error(
-    batch_size: int,
-    epsilon: float,
-    n_total: int,
-    *,
-    max_cell: float = DEFAULT_MAX_CELL,
-    resolution: float = DEFAULT_RESOLUTION,
+    batch_size: int, epsilon: float, n_total: int, **discretisation: float
 ) -> SequentialTestProperties:
     """Compute the worst case ``μ_std = 0`` of :func:`~.sequential_test_error` (eq. 20).
 
@@ -65,14 +61,9 @@ def worst_case_error(
 
     Parameters
     ----------
-    batch_size : int
-        Rows per round m.
-    epsilon : float
-        Per-test threshold ε.
-    n_total : int
-        Population size N.
-    max_cell, resolution : float, optional
-        Discretisation, see :func:`~.sequential_test_error`.
+    batch_size, epsilon, n_total, **discretisation
+        The design ``(m, ε)``, N and the keywords ``max_cell`` and ``resolution``, as for
+        :func:`~.sequential_test_error`.
 
     Returns
     -------
@@ -84,9 +75,7 @@ def worst_case_error(
     .. [1] Korattikara et al. (2014), appendix A, eq. 20.
 
     """
-    return sequential_test_error(
-        0.0, batch_size, epsilon, n_total, max_cell=max_cell, resolution=resolution
-    )
+    return sequential_test_error(0.0, batch_size, epsilon, n_total, **discretisation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,28 +187,18 @@ def _choose(
 
 
 def conservative_design(
-    n_total: int,
-    error_bound: float,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    epsilons: Sequence[float] = DEFAULT_EPSILONS,
-    *,
-    max_cell: float = DEFAULT_MAX_CELL,
-    resolution: float = DEFAULT_RESOLUTION,
+    n_total: int, error_bound: float, *grid: Any, **options: Any
 ) -> AustereDesign:
     """Choose the AustereMH(c) design: least data usage with worst-case error ≤ bound.
 
     Parameters
     ----------
-    n_total : int
-        Population size N.
-    error_bound : float
-        Bound on the worst-case error ``E_worst = E(μ_std = 0)`` of the sequential test.
-    batch_sizes : sequence of int, optional
-        Candidate m (default: 50, 100, ..., 500, as Seita et al. 2017).
-    epsilons : sequence of float, optional
-        Candidate ε (default: 0.001, 0.005, 0.01, 0.05, 0.1, 0.2).
-    max_cell, resolution : float, optional
-        Discretisation of the dynamic program, see :func:`~.sequential_test_error`.
+    n_total, error_bound, *grid, **options
+        As for :func:`design_table`, with the ``|μ_std|`` grid {0}: ``error_bound`` bounds
+        the worst-case error ``E_worst = E(μ_std = 0)``, ``grid`` and ``options`` are the
+        design grid ``batch_sizes``, ``epsilons`` (default: m ∈ {50, 100, ..., 500},
+        ε ∈ {0.001, 0.005, 0.01, 0.05, 0.1, 0.2}, as Seita et al. 2017) and the
+        discretisation ``max_cell``, ``resolution``.
 
     Returns
     -------
@@ -249,8 +228,7 @@ def conservative_design(
 
     """
     # The table on the grid {0} holds the worst case only.
-    table = design_table(n_total, error_bound, batch_sizes, epsilons, mu_grid=(0.0,),
-                         max_cell=max_cell, resolution=resolution)
+    table = design_table(n_total, error_bound, *grid, mu_grid=(0.0,), **options)
     design = table.choose(0.0)
     if not design.feasible:
         raise ValueError(
@@ -454,14 +432,7 @@ def design_table(
 
 
 def adaptive_design(
-    mu_std: float,
-    n_total: int,
-    error_bound: float,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    epsilons: Sequence[float] = DEFAULT_EPSILONS,
-    *,
-    max_cell: float = DEFAULT_MAX_CELL,
-    resolution: float = DEFAULT_RESOLUTION,
+    mu_std: float, n_total: int, error_bound: float, *grid: Any, **options: Any
 ) -> AustereDesign:
     """Choose the AustereMH(nc) design for the actual standardised mean ``μ_std``.
 
@@ -469,14 +440,8 @@ def adaptive_design(
     ----------
     mu_std : float
         The standardised mean ``(μ − μ0) √(N − 1) / σ_l``.
-    n_total : int
-        Population size N.
-    error_bound : float
-        Bound on ``E(μ_std)``.
-    batch_sizes, epsilons : sequence, optional
-        The design grid.
-    max_cell, resolution : float, optional
-        Discretisation of the dynamic program.
+    n_total, error_bound, *grid, **options
+        As for :func:`design_table` (``error_bound`` bounds ``E(μ_std)``).
 
     Returns
     -------
@@ -487,7 +452,4 @@ def adaptive_design(
         ``feasible=False``.
 
     """
-    table = design_table(
-        n_total, error_bound, batch_sizes, epsilons, max_cell=max_cell, resolution=resolution
-    )
-    return table.choose(mu_std)
+    return design_table(n_total, error_bound, *grid, **options).choose(mu_std)

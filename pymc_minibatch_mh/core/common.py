@@ -5,6 +5,17 @@ threshold that depends on a uniform draw: accept iff ``μ > (log u − c) / N``,
 ``μ = (1/N) Σ l_i`` and ``c`` the data-free part. Every such test draws ``u`` first, with
 the same call, so that two tests run from generators in the same state use the same ``u``
 (which makes their decisions directly comparable).
+
+The tests are called alike, ``test(rng, source, data_free, *, options)``:
+
+rng : numpy.random.Generator
+    The test's generator; ``u`` is drawn from it first (one ``random()`` call, see
+    :func:`log_threshold`).
+source : MinibatchSource
+    Gives the ratios ``l_i`` of new rows (:class:`~pymc_minibatch_mh.core.source.MinibatchSource`);
+    the caller has opened the step.
+data_free : float
+    The data-free part ``c(θ, θ')``.
 """
 
 from __future__ import annotations

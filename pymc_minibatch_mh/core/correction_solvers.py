@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.linalg import solve as _dense_solve
@@ -147,48 +147,51 @@ def _minus_reference(
 
 
 def mixture_cdf(
-    x: np.ndarray, support: np.ndarray, weights: np.ndarray, sigma: float
+    x: np.ndarray,
+    support: np.ndarray,
+    weights: np.ndarray,
+    sigma: float,
+    *,
+    reference: Literal["zero", "logistic"] = "zero",
 ) -> np.ndarray:
-    """CDF ``Σ_j w_j Φ((x − y_j)/σ)`` of the mixture.
+    """CDF ``F(x) = Σ_j w_j Φ((x − y_j)/σ)`` of the mixture, or its error ``F(x) − S(x)``.
 
     Parameters
     ----------
     x, support, weights, sigma
         As for :func:`mixture_sf`.
+    reference : {"zero", "logistic"}, optional
+        The CDF ``R`` subtracted: ``"zero"`` (``R = 0``) gives ``F`` itself,
+        ``"logistic"`` the signed error against the logistic CDF ``S``.
 
     Returns
     -------
     numpy.ndarray
-        The CDF at ``x``, same shape: the lower tail directly for ``x < 0``, one minus
-        :func:`mixture_sf` for ``x ≥ 0``.
+        ``F(x) − R(x)`` at ``x``, same shape, through the lower tails for ``x < 0`` and
+        the upper tails (one minus :func:`mixture_sf`) for ``x ≥ 0``.
 
     """
-    # The reference "CDF" 0 (lower tail 0, upper tail 1) leaves F itself.
-    return _minus_reference(x, support, weights, sigma, np.zeros_like, np.ones_like)
+    return _minus_reference(x, support, weights, sigma, *_REFERENCE_TAILS[reference])
 
 
 def signed_error(
     x: np.ndarray, support: np.ndarray, weights: np.ndarray, sigma: float
 ) -> np.ndarray:
-    """``F(x) − S(x)``, through lower tails for ``x < 0`` and upper tails for ``x ≥ 0``.
-
-    Parameters
-    ----------
-    x, support, weights, sigma
-        As for :func:`mixture_sf`.
-
-    Returns
-    -------
-    numpy.ndarray
-        The signed error of the mixture's CDF against the logistic CDF ``S``.
-
-    """
-    return _minus_reference(x, support, weights, sigma, expit, _logistic_sf)
+    """``F(x) − S(x)``: :func:`mixture_cdf` with ``reference="logistic"``."""
+    return mixture_cdf(x, support, weights, sigma, reference="logistic")
 
 
 def _logistic_sf(x: np.ndarray) -> np.ndarray:
     """``1 − S(x) = S(−x)``."""
     return expit(-x)
+
+
+# Lower and upper tails of the reference CDFs R of :func:`mixture_cdf`: the "CDF" 0 (lower
+# tail 0, upper tail 1) leaves F itself.
+_REFERENCE_TAILS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], ...]] = {
+    "zero": (np.zeros_like, np.ones_like),
+    "logistic": (expit, _logistic_sf),
+}
 
 
 def verify_grid() -> np.ndarray:

@@ -17,14 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pymc_minibatch_mh.core import common
 from pymc_minibatch_mh.core.barker import TestOutcome
-from pymc_minibatch_mh.core.common import (
-    check_batch_size,
-    has_fault,
-    is_fault,
-    log_threshold,
-    rejection,
-)
 from pymc_minibatch_mh.core.moments import RunningMoments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
@@ -127,12 +121,8 @@ def mhsublhd_test(
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        Source of ``u`` (one draw, made first).
-    source : MinibatchSource
-        Gives the ratios ``l_i`` of new rows; the caller has opened the step.
-    data_free : float
-        The data-free part ``c(θ, θ')``.
+    rng, source, data_free
+        As for every threshold test (:mod:`~pymc_minibatch_mh.core.common`).
     batch_size : int
         Initial minibatch size b.
     delta : float, optional
@@ -175,14 +165,22 @@ def mhsublhd_test(
     >>> import numpy as np
     >>> from pymc_minibatch_mh.core.source import ArraySource
     >>> rng = np.random.default_rng(0)
-    >>> source = ArraySource(rng.normal(0.01, 1.0, size=1000), rng=rng)
+    >>> ratios = rng.uniform(size=1000)  # all in [0, 1): the range is at most 1
+    >>> source = ArraySource(ratios, rng=rng)
     >>> source.start_step()
-    >>> out = mhsublhd_test(rng, source, 0.0, batch_size=100)
-    >>> out.extra_evaluations, out.full_data, out.accepted == (out.mean > out.psi)
-    (1000, True, True)
+    >>> out = mhsublhd_test(rng, source, 0.0, batch_size=100, range_bound=1.0)
+    >>> out.extra_evaluations, out.batch_size, out.accepted == (out.mean > out.psi)
+    (0, 100, True)
+
+    Without ``range_bound`` the range comes from a full pass over the data, counted in
+    ``extra_evaluations``:
+
+    >>> source.start_step()
+    >>> mhsublhd_test(rng, source, 0.0, batch_size=100).extra_evaluations
+    1000
 
     """
-    batch_size = check_batch_size(batch_size)
+    batch_size = common.check_batch_size(batch_size)
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if not gamma > 1.0:
@@ -190,13 +188,13 @@ def mhsublhd_test(
     if not p > 1.0:
         raise ValueError(f"p must exceed 1, got {p!r}")
     n_total = source.n_total
-    _, psi = log_threshold(rng, data_free, n_total)
+    _, psi = common.log_threshold(rng, data_free, n_total)
     # Statistics of a test that rejects before its bound is computed.
     undecided = {"psi": psi, "std": math.nan, "bound": math.nan, "delta_k": math.nan}
 
     if not math.isfinite(data_free):
-        return rejection(
-            MHSubLhdOutcome, nonfinite=is_fault(data_free), mean=math.nan,
+        return common.rejection(
+            MHSubLhdOutcome, nonfinite=common.is_fault(data_free), mean=math.nan,
             range_bound=math.nan, **undecided,
         )
 
@@ -207,8 +205,8 @@ def mhsublhd_test(
         with np.errstate(invalid="ignore"):
             c_range = float(everything.max() - everything.min())
         if not math.isfinite(c_range):
-            return rejection(
-                MHSubLhdOutcome, nonfinite=has_fault(everything), extra_evaluations=extra,
+            return common.rejection(
+                MHSubLhdOutcome, nonfinite=common.has_fault(everything), extra_evaluations=extra,
                 mean=math.nan, range_bound=c_range, **undecided,
             )
     else:
@@ -226,7 +224,7 @@ def mhsublhd_test(
         n = moments.count
         mean = moments.mean
         if not math.isfinite(mean) or math.isnan(moments.m2):
-            return rejection(
+            return common.rejection(
                 MHSubLhdOutcome, nonfinite=mean != -math.inf, batch_size=n, rounds=k,
                 full_data=n >= n_total, extra_evaluations=extra, mean=mean,
                 range_bound=c_range, **undecided,

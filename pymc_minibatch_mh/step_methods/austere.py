@@ -10,16 +10,8 @@ import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
 from pymc_minibatch_mh.adapter.estimator import RatioEstimator
-from pymc_minibatch_mh.core.austere import (
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_EPSILONS,
-    AustereDesign,
-    AustereOutcome,
-    austere_nc_test,
-    austere_test,
-    conservative_design,
-    design_table,
-)
+from pymc_minibatch_mh.core import austere
+from pymc_minibatch_mh.core.austere import DEFAULT_BATCH_SIZES, DEFAULT_EPSILONS, AustereOutcome
 
 __all__ = ["AustereMH"]
 
@@ -108,7 +100,7 @@ class AustereMH(MinibatchStep):
         self.error_bound = float(error_bound)
         self.batch_sizes = tuple(int(m) for m in batch_sizes)
         self.epsilons = tuple(float(e) for e in epsilons)
-        self.chosen_design: AustereDesign | None = None
+        self.chosen_design: austere.AustereDesign | None = None
         self._design_n: int | None = None
         self._table: Any = None
         super().__init__(
@@ -122,20 +114,24 @@ class AustereMH(MinibatchStep):
             return
         # Designs depend on N only; computed once per N (cached in the core).
         if self.design == "conservative":
-            self.chosen_design = conservative_design(
+            self.chosen_design = austere.conservative_design(
                 n, self.error_bound, self.batch_sizes, self.epsilons
             )
             self.batch_size = self.chosen_design.batch_size
             self.epsilon = self.chosen_design.epsilon
             self.policy.reset(self.batch_size)
         elif self.design == "adaptive":
-            self._table = design_table(n, self.error_bound, self.batch_sizes, self.epsilons)
+            self._table = austere.design_table(
+                n, self.error_bound, self.batch_sizes, self.epsilons
+            )
         self._design_n = n
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> AustereOutcome:
         if self.design == "adaptive":
-            return austere_nc_test(self.rng, estimator, data_free, design_table=self._table)
-        return austere_test(
+            return austere.austere_nc_test(
+                self.rng, estimator, data_free, design_table=self._table
+            )
+        return austere.austere_test(
             self.rng, estimator, data_free, batch_size=self.batch_size, epsilon=self.epsilon
         )
 
