@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 from pymc.model import Model, modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -32,14 +32,11 @@ from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
-from pymc_minibatch_mh.adapter.control_variate import (
-    TaylorEstimator,
-    laplace_proposal,
-    make_estimator,
-)
+from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.proposal import Proposal, RandomWalkProposal, ScalingTuner
+from pymc_minibatch_mh.adapter.proposal import Proposal, ScalingTuner
+from pymc_minibatch_mh.adapter.proposal_choice import make_proposal, proposal_stats
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.core.barker import TestOutcome
 from pymc_minibatch_mh.core.buffered import BufferedGenerator
@@ -59,6 +56,14 @@ class MinibatchStepState(StepMethodState):
     scaling: float
     tune: bool
     temperature: float
+
+
+#: Default ``target_accept`` of the random walk (Barker's test accepts less often than
+#: Metropolis'; see :class:`~pymc_minibatch_mh.adapter.proposal.ScalingTuner`).
+RANDOM_WALK_TARGET_ACCEPT = 0.25
+#: Default ``target_accept`` of the surrogate-guided proposals (Barker's acceptance is at
+#: most 1/2 for moves the surrogate makes exact).
+SURROGATE_TARGET_ACCEPT = 0.4
 
 
 class MinibatchStep(ChainSetupMixin, BlockedStep):
@@ -105,7 +110,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
         minibatch estimate of the residuals), see
-        :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorControlVariate` and the
+        :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorEstimator` and the
         guide's "Control variates" page. Default None: the plain estimate.
     reference : dict, optional
         θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
@@ -114,6 +119,12 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         Re-centre θ̂ at the current state during tuning when the chain is farther than
         this from θ̂ (Laplace metric, per dimension; about 1 for a posterior draw). Only
         with ``control_variate``; default: never.
+    proposal : str, object or callable, optional
+        ``"auto"`` (default: ``"mala"`` on the control variates' surrogate posterior when
+        ``control_variate`` is set, else ``"random_walk"``), ``"random_walk"``,
+        ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
+        ``step -> proposal``; see :mod:`~pymc_minibatch_mh.adapter.proposal_choice`. With a
+        surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.
 
     """
 
@@ -141,6 +152,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         "mean_batch_size": (np.float64, []),
         "accept_rate": (np.float64, []),
         "recentered": (bool, []),
+        # Which proposal ran (adapter.proposal_choice.PROPOSAL_CODES) and its parameters.
+        "proposal": (np.int64, []),
+        "rho": (np.float64, []),
+        "step_size": (np.float64, []),
     }
     #: Stats specific to the test, declared by subclasses.
     test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
@@ -158,7 +173,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,
-        target_accept: float = 0.25,
+        target_accept: float | None = None,
         model: Any = None,
         rng: Any = None,
         initial_point: Mapping[str, Any] | None = None,
@@ -169,6 +184,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         control_variate: str | None = None,
         reference: Mapping[str, Any] | None = None,
         recenter: float | None = None,
+        proposal: Any = None,
     ) -> None:
         model = modelcontext(model)
         if vars is None:
@@ -183,7 +199,6 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         )
         self.vars = self.likelihood.value_vars
         self.model = model
-        self.tuner = ScalingTuner(float(scaling), target=target_accept)
         self.scaling = float(scaling)
         self.tune = bool(tune)
         self._tune_enabled = bool(tune)
@@ -201,11 +216,21 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self.control_variate: TaylorEstimator | None = (
             self.estimator if isinstance(self.estimator, TaylorEstimator) else None
         )
-        laplace = isinstance(S, str) and S == "laplace"
-        self.proposal: Proposal = (
-            laplace_proposal(self.control_variate, self._temperature) if laplace
-            else RandomWalkProposal(S, self.likelihood.point_map.size)
+        self.proposal: Proposal = make_proposal(
+            proposal, S, dim=self.likelihood.point_map.size,
+            control_variate=self.control_variate, temperature=self._temperature,
+            gradient=self._surrogate_gradient if self.control_variate is not None else None,
+            step=self,
         )
+        surrogate = hasattr(self.proposal, "surrogate")
+        if surrogate and self.schedule is not None:
+            raise ValueError(
+                f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
+                "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
+            )
+        if target_accept is None:
+            target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
+        self.tuner = ScalingTuner(float(scaling), target=target_accept)
         self._tuning = True
         self._started = False
         self._n_rows = self.likelihood.n_rows_initial
@@ -278,19 +303,33 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         """The test-specific stats of one outcome (see ``test_stats``)."""
         return {}
 
-    def _begin_chain(self, point: Mapping[str, Any]) -> None:
-        """The chain's first step: checks of the point (and a start outside pm.sample)."""
+    def _begin_chain(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The chain's first step: checks of the point (and a start outside pm.sample).
+
+        With a surrogate proposal during tuning, the chain starts from a draw of the
+        Laplace fit instead (tuning draws are discarded, so this changes no law).
+        """
         if not self._started:
             self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
         self._check_same_model(point)
+        surrogate = getattr(self.proposal, "surrogate", None)
+        if surrogate is not None and self._tuning and self._tune_enabled:
+            draw = surrogate.theta_hat + surrogate.chol @ self.rng.standard_normal(surrogate.dim)
+            point = self.likelihood.point_map.to_point(draw, point)
         if self.check_start:
             self.likelihood.check_point(point)
         self._chain_started = True
+        return point
+
+    def _surrogate_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Gradient of the surrogate log posterior: tempered proxy sum plus the prior."""
+        proxy = self.control_variate.proxy_gradient(x)  # type: ignore[union-attr]
+        return proxy * float(self._inv_temperature) + self.likelihood.prior_gradient(x)
 
     def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One transition: map the point, propose, open the estimator, test, tune."""
         if not self._chain_started:
-            self._begin_chain(point)
+            point = self._begin_chain(point)
         if self._next_change is not None and self._chain_steps >= self._next_change:
             self.temperature, self._step_factor = self.schedule(self._chain_steps)
             self._next_change = self.schedule.next_change(self._chain_steps)
@@ -300,6 +339,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         x_cur = lik.point_map.flat_view(point)  # only read below
         estimator = self.estimator
         recentered = estimator.maybe_recenter(x_cur) if self._tuning else 0
+        if recentered and hasattr(self.proposal, "clear_cache"):
+            self.proposal.clear_cache()  # the surrogate's gradient moved with θ̂
         x_prop, log_q_ratio = self.proposal.propose(
             self.rng, x_cur, self.scaling * self._step_factor
         )
@@ -349,6 +390,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "mean_batch_size": self._chain_batch_total / steps,
             "accept_rate": self._chain_accepted / steps,
             "recentered": recentered > 0,
+            **dict(zip(("proposal", "rho", "step_size"), proposal_stats(self.proposal),
+                       strict=True)),
             **self._test_stat_values(outcome),
         }
         if self.tune and self._tune_enabled:

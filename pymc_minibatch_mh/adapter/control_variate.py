@@ -52,7 +52,6 @@ from pymc_minibatch_mh.adapter.compat import jvp
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.graph import checks_as_ninf, clone_replace
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
-from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal
 from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
 from pymc_minibatch_mh.adapter.reference import (
     MAP_TOLERANCE,
@@ -66,7 +65,6 @@ __all__ = [
     "MAP_TOLERANCE",
     "ControlVariateError",
     "TaylorEstimator",
-    "laplace_proposal",
     "make_estimator",
 ]
 
@@ -135,39 +133,6 @@ def make_estimator(
     return TaylorEstimator(
         likelihood, policy, reference=reference, recenter=recenter, step_name=step_name
     )
-
-
-def laplace_proposal(
-    control_variate: TaylorEstimator | None, temperature: float = 1.0
-) -> RandomWalkProposal:
-    """The random-walk proposal with the Laplace covariance at θ̂ (``S="laplace"``).
-
-    Parameters
-    ----------
-    control_variate : TaylorEstimator or None
-        The step's control variate (None raises).
-    temperature : float
-        K; the likelihood's curvature is divided by K.
-
-    Returns
-    -------
-    RandomWalkProposal
-        Gaussian increments with covariance ``(−H/K − H_prior)⁻¹`` (before ``scaling``).
-
-    Raises
-    ------
-    ValueError
-        Without control variates, or when the Laplace covariance does not exist.
-
-    """
-    if control_variate is None:
-        raise ValueError(
-            "S='laplace' uses the curvature at the control variates' reference point: it "
-            "needs control_variate='taylor'. Give S as standard deviations or a covariance "
-            "matrix otherwise."
-        )
-    cov = control_variate.laplace_covariance(temperature)
-    return RandomWalkProposal(cov, cov.shape[0])
 
 
 class TaylorEstimator(RatioEstimator):
@@ -391,6 +356,15 @@ class TaylorEstimator(RatioEstimator):
         self._set_reference(ref)
         self.recenterings += 1
         return self.store.n_rows
+
+    def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Gradient of the full-data sum of the expansions at ``x``: ``G + H(x − θ̂)``.
+
+        Untempered and data-free (O(d²)): with the prior's exact gradient it is the
+        gradient of the surrogate posterior that surrogate-guided proposals follow.
+        """
+        ref = self.reference
+        return ref.gradient + ref.hessian @ (x - ref.theta)
 
     # ---------------------------------------------------------------- reporting
     def reference_point(self) -> dict[str, NDArray[np.float64]]:

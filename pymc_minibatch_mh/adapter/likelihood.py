@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 import pytensor
+import pytensor.gradient
 from numpy.typing import NDArray
 from pymc.util import get_value_vars_from_user_vars
 from pytensor.graph.basic import Variable
@@ -99,6 +100,7 @@ class MinibatchLikelihood:
         self.delta_fast = direct_call(self._delta_fn)
         self._rows_fn = self.compile([g.flat, *g.data], g.row_loglik)
         self._prior_fn = self.compile([g.flat], g.prior)
+        self._prior_grad_fn: Any = None
         # The model's own terms on all rows (not split): the reference for validation.
         self._model_fn = self.compile([g.flat], g.full_loglik, mode="FAST_COMPILE")
         validate_split(
@@ -192,6 +194,18 @@ class MinibatchLikelihood:
         """``log p0(θ') − log p0(θ)`` (priors, Jacobians and Potentials), as a step computes it."""
         no_rows = np.empty(0, dtype=np.int64)
         return float(self.delta(x_cur, x_prop, no_rows, np.array(1.0))[1])
+
+    def prior_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Gradient of the log prior (with Jacobians and Potentials) at ``x``.
+
+        Compiled on first use (the surrogate-guided proposals need it; nothing else does).
+        """
+        if self._prior_grad_fn is None:
+            g = self.graphs
+            self._prior_grad_fn = direct_call(
+                self.compile([g.flat], pytensor.gradient.grad(g.prior, g.flat))
+            )
+        return self._prior_grad_fn(x)
 
     def prior(self, x: NDArray[np.float64]) -> float:
         """Log prior with Jacobians and Potentials at ``x``."""
