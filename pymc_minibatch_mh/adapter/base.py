@@ -105,7 +105,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
         minibatch estimate of the residuals), see
-        :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorControlVariate` and the
+        :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorEstimator` and the
         guide's "Control variates" page. Default None: the plain estimate.
     reference : dict, optional
         θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
