@@ -143,7 +143,8 @@ class TaylorEstimator(RatioEstimator):
     likelihood : MinibatchLikelihood
         The step's compiled likelihood (its graphs and row store are reused).
     policy : PrefetchPolicy
-        Size of the first block of a step (see :class:`RatioEstimator`).
+        Size of the first block of a step (see
+        :class:`~pymc_minibatch_mh.adapter.estimator.RatioEstimator`).
     reference : dict, optional
         The reference point θ̂ as a point dict: a value for every sampled variable, by
         value-variable name (transformed, e.g. ``sigma_log__``) or by variable name (then

@@ -3,8 +3,9 @@ r"""Proposals that use a Gaussian surrogate of the posterior (the Laplace fit).
 With ``control_variate="taylor"`` a step already holds a Gaussian approximation
 ``N(θ̂, Σ)`` of the posterior on the flattened, transformed parameter vector: θ̂ is the
 reference point of the Taylor expansion and Σ the inverse of the negative Hessian of the
-log posterior there. The proposals of this module use it to propose moves that fit the
-posterior's scale and correlations, and report the exact log ratio of proposal densities
+log posterior there (see Bardenet et al. [4]_ on such approximations for tall data). The
+proposals of this module use it to propose moves that fit the posterior's scale and
+correlations, and report the exact log ratio of proposal densities
 that the Metropolis-Hastings test needs,
 
 .. math::
@@ -31,12 +32,14 @@ GaussianSurrogate
     Mean, covariance, Cholesky factor and precision, with validation (defined in
     :mod:`pymc_minibatch_mh.adapter.gaussian_surrogate`, re-exported here).
 CrankNicolsonProposal
-    Preconditioned Crank-Nicolson (autoregressive) moves around θ̂; needs no gradient.
+    Preconditioned Crank-Nicolson (autoregressive) moves around θ̂ [1]_; needs no
+    gradient.
 SurrogateLangevinProposal
-    Preconditioned MALA with the gradient of a deterministic (data-free) log density
-    (defined in :mod:`pymc_minibatch_mh.adapter.proposal_gradient`, re-exported here).
+    Preconditioned MALA [2]_ with the gradient of a deterministic (data-free) log
+    density (defined in :mod:`pymc_minibatch_mh.adapter.proposal_gradient`, re-exported
+    here).
 SurrogateHMCProposal
-    A few leapfrog steps with mass matrix Σ⁻¹ on the same gradient (likewise).
+    A few leapfrog steps [3]_ with mass matrix Σ⁻¹ on the same gradient (likewise).
 
 References
 ----------

@@ -54,7 +54,8 @@ class LikelihoodGraphs:
     log-likelihood at ``flat`` on the batch), ``prior`` (log prior with Jacobians and
     Potentials at ``flat``), ``ratios`` (the tempered ``l_i`` of the pair on the batch) and
     ``prior_delta`` (the data-free part of the pair). PyMC's parameter checks are still in
-    these graphs; :func:`checks_as_ninf` turns them into ``-inf``.
+    these graphs; :func:`~pymc_minibatch_mh.adapter.graph.checks_as_ninf` turns them into
+    ``-inf``.
     """
 
     flat: Variable

@@ -14,7 +14,7 @@ compiled per-row functions take the rows themselves as inputs (see
 - :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views,
   no copy), for the start-point check, the MAP search, the control variates' sums and
   tests that need every row;
-- :attr:`RowStore.n_rows`: N.
+- ``RowStore.n_rows``: N.
 
 That interface is the seam where data that do not fit in memory can plug in.
 """
