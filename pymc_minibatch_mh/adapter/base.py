@@ -105,7 +105,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         a clear error if it is not finite (one O(N) pass per chain).
     prefetch : int or "auto"
         Rounds of rows evaluated per compiled call (see
-        :mod:`~pymc_minibatch_mh.adapter.estimator`); changes the cost, not the results.
+        :mod:`~pymc_minibatch_mh.adapter.estimator`); changes the cost and which random rows
+        are drawn, not their law.
     control_variate : {None, "taylor"}
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
@@ -120,8 +121,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         this from θ̂ (Laplace metric, per dimension; about 1 for a posterior draw). Only
         with ``control_variate``; default: never.
     proposal : str, object or callable, optional
-        ``"auto"`` (default: ``"mala"`` on the control variates' surrogate posterior when
-        ``control_variate`` is set, else ``"random_walk"``), ``"random_walk"``,
+        ``"auto"`` (default: ``"crank_nicolson"`` around the control variates' Laplace fit
+        when ``control_variate`` is set, else ``"random_walk"``), ``"random_walk"``,
         ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
         ``step -> proposal``; see :mod:`~pymc_minibatch_mh.adapter.proposal_choice`. With a
         surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.

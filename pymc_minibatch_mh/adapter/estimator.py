@@ -129,7 +129,7 @@ class RatioEstimator:
 
     """
 
-    #: Reported in the step's ``estimator`` stat.
+    #: The estimator's name (``step.estimator.name``).
     name: ClassVar[str] = "ratios"
 
     __slots__ = ("likelihood", "store", "policy", "fn", "n_total", "x_cur", "x_prop",

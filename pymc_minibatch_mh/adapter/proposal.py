@@ -29,7 +29,8 @@ __all__ = ["Proposal", "RandomWalkProposal", "ScalingTuner"]
 class Proposal(Protocol):
     """What a step method needs of a proposal (see the module docstring)."""
 
-    #: Reported in the step's ``proposal`` stat.
+    #: The proposal's name; the step's ``proposal`` stat reports its code
+    #: (:data:`~pymc_minibatch_mh.adapter.proposal_choice.PROPOSAL_CODES`).
     name: str
 
     def propose(

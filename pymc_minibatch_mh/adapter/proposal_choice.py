@@ -13,9 +13,14 @@
   expansions plus the prior's exact gradient (data-free, so the log-q ratio is exact;
   :mod:`~pymc_minibatch_mh.adapter.proposal_gradient`); ``scale`` is the step size in
   units of Σ.
-- ``"auto"`` (the default): ``"mala"`` with control variates, ``"random_walk"`` without
-  (and with control variates when there is no Laplace fit: the Hessian at θ̂ is not
-  negative definite; a warning says so).
+- ``"auto"`` (the default): ``"crank_nicolson"`` with control variates, ``"random_walk"``
+  without (and with control variates when there is no Laplace fit: the Hessian at θ̂ is
+  not negative definite; a warning says so). Crank–Nicolson needs no gradient and, on a
+  concentrated posterior, tunes itself to the independence sampler (ρ = 0), where
+  Barker's test accepts about half the proposals; on a logistic regression with
+  N = 10⁵, d = 50 it gave 3 × the effective samples per step of MALA, at a fraction of the
+  cost per step. When the posterior is far from its Laplace fit the tuner lowers the
+  scale, and the chain becomes a local walk in the Laplace metric.
 - an object with ``propose(rng, x, scale) -> (x′, log_q_ratio)`` (and a ``name``), or a
   callable ``f(step) -> proposal`` (e.g. a minibatch-gradient proposal that needs the
   step's likelihood).
@@ -109,8 +114,8 @@ def make_proposal(
         raise ValueError(f"proposal must be one of {PROPOSALS} or an object, got {kind!r}.")
     laplace = isinstance(S, str) and S == "laplace"
     if kind == "auto":
-        kind = "mala" if control_variate is not None and S is None else "random_walk"
-        if kind == "mala":
+        kind = "crank_nicolson" if control_variate is not None and S is None else "random_walk"
+        if kind == "crank_nicolson":
             try:
                 control_variate.laplace_covariance(temperature)
             except ValueError as err:

@@ -278,8 +278,8 @@ def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: 
     rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]``, which falls below σ² at
     ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The next draw asks for 15 % more than that, in
     whole rounds, so that most growing steps need one more evaluation instead of one per
-    round. Only the cost depends on this: rows drawn but not used take no part in the
-    decision and are not counted.
+    round. Only the cost and which random rows are drawn depend on this: rows drawn but
+    not used take no part in the decision and are not counted.
     """
     if 0.0 < variance < math.inf:
         target = n_total / (1.0 + sigma2 * (n_total - n) / (n * variance))

@@ -1,7 +1,7 @@
 """A NumPy ``Generator`` whose scalar draws are taken in blocks.
 
 A minibatch step draws a handful of single random numbers (the proposal's increments,
-the start of its row window, ``X_nc``, ``X_corr`` or a logistic value). Each call of a
+the uniforms of its row draws, ``X_nc``, ``X_corr`` or a logistic value). Each call of a
 ``Generator`` method costs about 0.8 µs, mostly call overhead, and these calls add up
 to several per cent of a step that costs 40–60 µs. :class:`BufferedGenerator` draws
 them in blocks (1024 values by default) and hands them out one at a
