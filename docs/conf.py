@@ -175,6 +175,7 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.adapter.pointmap",
     "pymc_minibatch_mh.adapter.proposal",
     "pymc_minibatch_mh.adapter.proposal_surrogate",
+    "pymc_minibatch_mh.adapter.proposal_choice",
     "pymc_minibatch_mh.adapter.pytensor_internals",
     "pymc_minibatch_mh.adapter.reference",
     "pymc_minibatch_mh.adapter.schedule",

@@ -44,7 +44,7 @@ from pymc_minibatch_mh.adapter.proposal_surrogate import (
     SurrogateLangevinProposal,
 )
 
-__all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal"]
+__all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal", "proposal_stats"]
 
 #: The names ``proposal=`` accepts.
 PROPOSALS: tuple[str, ...] = ("auto", "random_walk", "crank_nicolson", "mala", "hmc")
