@@ -18,6 +18,7 @@ of its own stats.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -187,6 +188,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         recenter: float | None = None,
         proposal: Any = None,
     ) -> None:
+        started = time.perf_counter()
         model = modelcontext(model)
         if vars is None:
             vars = model.value_vars
@@ -232,6 +234,14 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         if target_accept is None:
             target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
         self.tuner = ScalingTuner(float(scaling), target=target_accept)
+        #: Wall-clock seconds the step took to build (checks, compilation, and with
+        #: control variates the MAP search and full-data passes).
+        self.setup_seconds = time.perf_counter() - started
+        #: Full passes over the data made while building (with control variates: the MAP
+        #: search and the pass at θ̂; the validation of the split uses a few rows only).
+        self.setup_passes = (
+            getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
+        )
         self._tuning = True
         self._started = False
         self._n_rows = self.likelihood.n_rows_initial

@@ -1,0 +1,70 @@
+"""Slow: each surrogate proposal, inside MinibatchBarker at temperature 1 with control
+variates, gives NUTS's posterior, also where the posterior is far from its Laplace fit
+(a small logistic regression; a Poisson regression with few counts per parameter)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import sample_kwargs
+from scipy.special import expit
+
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.adapter.compat import mcse, posterior
+
+pytestmark = pytest.mark.slow
+
+
+def logistic_model(n=400, d=3, seed=30):
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([np.ones(n), rng.normal(size=(n, d - 1))])
+    y = (rng.random(n) < expit(x @ np.array([-1.0, 1.5, -0.5][:d]))).astype(np.int64)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 5.0, shape=d)
+        pm.Bernoulli("y", logit_p=pm.math.dot(x, b), observed=y)
+    return model
+
+
+def sparse_poisson_model(n=300, seed=31):
+    """Counts of about 0.2 per row and 3 coefficients: a skewed posterior."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([np.ones(n), rng.normal(size=n), rng.random(n) < 0.1])
+    y = rng.poisson(np.exp(x @ np.array([-1.8, 0.4, 0.8])))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 3.0, shape=3)
+        pm.Poisson("y", mu=pm.math.exp(pm.math.dot(x, b)), observed=y)
+    return model
+
+
+def compare_with_nuts(model, step, seed):
+    with model:
+        ours = pm.sample(draws=4000, tune=1000, step=step, chains=2, cores=1,
+                         **sample_kwargs(random_seed=seed))
+        nuts = pm.sample(draws=2000, tune=1000, chains=2, cores=1,
+                         **sample_kwargs(random_seed=seed + 1))
+    a, b = np.asarray(posterior(ours)["b"]), np.asarray(posterior(nuts)["b"])
+    for j in range(a.shape[-1]):
+        se = math.hypot(mcse(a[..., j]), mcse(b[..., j]))
+        se_sd = math.hypot(mcse(a[..., j], "sd"), mcse(b[..., j], "sd"))
+        assert abs(a[..., j].mean() - b[..., j].mean()) < 4 * se, (j, a[..., j].mean(),
+                                                                    b[..., j].mean(), se)
+        assert abs(a[..., j].std() - b[..., j].std()) < 4 * se_sd, (j, a[..., j].std(),
+                                                                    b[..., j].std(), se_sd)
+
+
+@pytest.mark.parametrize("proposal", ["crank_nicolson", "mala", "hmc"])
+def test_surrogate_proposals_match_nuts_on_a_small_logistic_regression(proposal):
+    model = logistic_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor", proposal=proposal, batch_size=50)
+    compare_with_nuts(model, step, seed=40)
+
+
+def test_zero_config_matches_nuts_on_a_sparse_poisson_regression():
+    model = sparse_poisson_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor", batch_size=50)
+    compare_with_nuts(model, step, seed=50)
