@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import cloudpickle
 import numpy as np
 import pymc as pm
 import pytest
@@ -226,6 +227,21 @@ def test_minibatch_test_runs_with_the_proposal():
                           initvals={"mu": mean}, **_kwargs())
     samples = np.asarray(posterior(idata)["mu"]).ravel()
     assert np.all(np.isfinite(samples)) and abs(samples.mean() - mean) < 10 * math.sqrt(var)
+
+
+def test_step_with_the_proposal_pickles():
+    # pm.sample with cores > 1 pickles the step (cloudpickle), proposal included.
+    model, _ = normal_mean_model()
+    with model:
+        step = ExactMH(scaling=1e-3, tune=False)
+    step.proposal = StochasticLangevinProposal.for_step(step, batch_size=20)
+    step.proposal.propose(np.random.default_rng(0), np.array([0.5]), 1e-3)
+    clone = cloudpickle.loads(cloudpickle.dumps(step))
+    a = step.proposal.propose(np.random.default_rng(1), np.array([0.5]), 1e-3)
+    b = clone.proposal.propose(np.random.default_rng(1), np.array([0.5]), 1e-3)
+    assert clone.proposal.likelihood is clone.likelihood
+    np.testing.assert_array_equal(a[0], b[0])
+    assert a[1] == b[1]
 
 
 # ------------------------------------------------------------------- (c) row draws

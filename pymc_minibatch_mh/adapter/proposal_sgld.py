@@ -139,8 +139,12 @@ class StochasticLangevinProposal:
 
     Examples
     --------
-    >>> step = ExactMH(scaling=1e-4, tune=False)  # doctest: +SKIP
-    >>> step.proposal = StochasticLangevinProposal.for_step(step, batch_size=100)  # +SKIP
+    Build a step with ``scaling=α`` and no tuning, then replace its proposal:
+
+    >>> with model:  # doctest: +SKIP
+    ...     step = AustereMH(batch_size=500, epsilon=0.1, scaling=5e-6, tune=False)
+    ...     step.proposal = StochasticLangevinProposal.for_step(step, batch_size=500)
+    ...     idata = pm.sample(step=step, tune=0)
 
     """
 
