@@ -176,6 +176,7 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.adapter.proposal",
     "pymc_minibatch_mh.adapter.proposal_surrogate",
     "pymc_minibatch_mh.adapter.proposal_choice",
+    "pymc_minibatch_mh.adapter.proposal_sgld",
     "pymc_minibatch_mh.adapter.pytensor_internals",
     "pymc_minibatch_mh.adapter.reference",
     "pymc_minibatch_mh.adapter.schedule",
