@@ -132,6 +132,11 @@ def parse_args(argv=None):
     p.add_argument("--tune", type=int, default=None,
                    help="tuning/warm-up iterations per chain for nutpie and HMCECS "
                         "(default 1000; --quick 300)")
+    p.add_argument("--nutpie-draws", type=int, default=None,
+                   help="draws per chain for nutpie only (default: --draws); nutpie's cost "
+                        "grows with N, so fewer draws keep N = 1e7 affordable")
+    p.add_argument("--nutpie-tune", type=int, default=None,
+                   help="tuning iterations per chain for nutpie only (default: --tune)")
     p.add_argument("--package-draws", type=int, default=None,
                    help="draws per chain for this package (default: --draws for the "
                         "zero-config step, 20000 (--quick 5000) for the fallback recipe)")
@@ -153,6 +158,8 @@ def parse_args(argv=None):
     default_len = 300 if args.quick else 1000
     args.draws = default_len if args.draws is None else args.draws
     args.tune = default_len if args.tune is None else args.tune
+    args.nutpie_draws = args.draws if args.nutpie_draws is None else args.nutpie_draws
+    args.nutpie_tune = args.tune if args.nutpie_tune is None else args.nutpie_tune
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     unknown = args.skip - set(SAMPLERS)
     if unknown:
@@ -367,7 +374,8 @@ def run_nutpie(cfg, model, args) -> Result:
     compiled = nutpie.compile_pymc_model(model, backend="numba")
     setup = time.perf_counter() - start
     start = time.perf_counter()
-    trace = nutpie.sample(compiled, draws=args.draws, tune=args.tune, chains=args.chains,
+    trace = nutpie.sample(compiled, draws=args.nutpie_draws, tune=args.nutpie_tune,
+                          chains=args.chains,
                           cores=1, seed=args.seed, progress_bar=False, save_warmup=True)
     sampling = time.perf_counter() - start
     steps = 0.0
@@ -377,10 +385,11 @@ def run_nutpie(cfg, model, args) -> Result:
         except (KeyError, AttributeError):
             pass
     post = posterior(trace)
+    iters = args.chains * (args.nutpie_draws + args.nutpie_tune)
     return Result("nutpie", {k: np.asarray(post[k]) for k in free_names(cfg)}, setup,
                   sampling, steps * cfg.n, 0.0,
-                  note=f"{args.draws}+{args.tune} per chain; "
-                       f"{steps / (args.chains * (args.draws + args.tune)):.1f} leapfrog/iter")
+                  note=f"{args.nutpie_draws}+{args.nutpie_tune} per chain; "
+                       f"{steps / iters:.1f} leapfrog/iter")
 
 
 # --------------------------------------------------------------------------- NumPyro HMCECS
