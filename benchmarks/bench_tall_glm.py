@@ -295,7 +295,7 @@ def _accepts_proposal_keyword() -> bool:
     return False
 
 
-def make_package_step(model, d: int):
+def make_package_step(model):
     """This package's step for the benchmark, and how to sample with it.
 
     The zero-config setting is ``MinibatchBarker(control_variate="taylor")`` with PyMC's
@@ -309,6 +309,7 @@ def make_package_step(model, d: int):
     (step, initvals, description, zero_config)
 
     """
+    d = sum(np.size(v) for v in model.initial_point().values())
     with model:
         if _accepts_proposal_keyword():
             try:
@@ -326,8 +327,7 @@ def make_package_step(model, d: int):
 
 def run_package(cfg, model, args) -> Result:
     start = time.perf_counter()
-    d = sum(np.size(v) for v in model.initial_point().values())
-    step, initvals, desc, zero = make_package_step(model, d)
+    step, initvals, desc, zero = make_package_step(model)
     cv = step.control_variate
     try:  # JIT the per-step function now: part of the set-up, not of sampling
         x_hat = np.array(cv.reference.theta)
