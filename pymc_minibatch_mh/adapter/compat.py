@@ -136,7 +136,7 @@ def mcse(draws: Any, method: str = "mean") -> float:
     Parameters
     ----------
     draws : array_like
-        Draws with shape ``(chain, draw)``.
+        Draws with shape ``(chain, draw)``, or ``(draw,)`` for one chain.
     method : {"mean", "sd"}
         Which estimate.
 
@@ -152,6 +152,8 @@ def mcse(draws: Any, method: str = "mean") -> float:
     import numpy as np
 
     arr = np.asarray(draws, dtype=float)
+    if arr.ndim == 1:
+        arr = arr[None, :]
     if method == "mean":
         return float(np.asarray(az.mcse(arr, method="mean")).squeeze())
     if method != "sd":
