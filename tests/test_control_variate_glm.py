@@ -430,3 +430,20 @@ def test_hierarchical_posterior_against_nuts():
             se = math.hypot(mcse(a[..., j]), mcse(b[..., j]))
             assert abs(a[..., j].mean() - b[..., j].mean()) < 4 * se, (name, j)
             assert a[..., j].std() == pytest.approx(b[..., j].std(), rel=0.1), (name, j)
+
+
+def test_unconverged_map_is_information_not_an_error(monkeypatch, small_hier):
+    g, x, y, ref, step = small_hier
+    from pymc_minibatch_mh.adapter import reference as reference_module
+
+    # No point can pass this tolerance: the θ-space estimator refuses, this one accepts
+    # the last point reached (unbiased at any θ̂) and reports the decrement.
+    monkeypatch.setattr(reference_module, "MAP_TOLERANCE", -1.0)
+    with step.model:
+        with pytest.raises(ControlVariateError, match="did not converge"):
+            MinibatchBarker(control_variate="taylor_theta")
+        ours = MinibatchBarker(control_variate="taylor")
+    cv = ours.control_variate
+    assert cv.name == "taylor_predictor" and not cv.map_converged
+    assert 0 <= cv.map_decrement < 1e-3  # it did get to the mode
+    assert cv.setup_evaluations == cv.map_evaluations and cv.setup_evaluations % y.size == 0

@@ -55,7 +55,14 @@ from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.shape import SpecifyShape
-from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
+from pytensor.tensor.subtensor import AdvancedSubtensor
+
+try:  # PyTensor 2.x; PyTensor 3 has AdvancedSubtensor only
+    from pytensor.tensor.subtensor import AdvancedSubtensor1
+
+    _ADVANCED_INDEX: tuple[type, ...] = (AdvancedSubtensor, AdvancedSubtensor1)
+except ImportError:  # pragma: no cover - depends on the installed line
+    _ADVANCED_INDEX = (AdvancedSubtensor,)
 
 from pymc_minibatch_mh.adapter.graph import clone_replace, is_shape_constant
 
@@ -284,7 +291,7 @@ class _Walker:
             return self._elemwise(var)
         if isinstance(op, DimShuffle):
             return self._dimshuffle(var)
-        if isinstance(op, AdvancedSubtensor1 | AdvancedSubtensor):
+        if isinstance(op, _ADVANCED_INDEX):
             return self._index(var)
         if self._is_dot(op):
             return self._dot(node.inputs[0], node.inputs[1], var)
