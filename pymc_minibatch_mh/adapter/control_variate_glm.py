@@ -90,8 +90,10 @@ _log = logging.getLogger("pymc_minibatch_mh")
 
 @dataclass(frozen=True)
 class PredictorReference(TaylorReference):
-    """A :class:`~pymc_minibatch_mh.core.control_variate.TaylorReference` (θ-space sums
-    by the chain rule) with the sufficient statistics of the per-row-quantity expansion.
+    """A θ-space Taylor reference with the sums of the per-row-quantity expansion.
+
+    The :class:`~pymc_minibatch_mh.core.control_variate.TaylorReference` fields hold the
+    θ-space G and H (by the chain rule); the extra fields, the sufficient statistics.
 
     Parameters
     ----------
@@ -283,7 +285,7 @@ class PredictorPasses(TaylorPasses):
                 f = an.rows(t.feature).astype("float64")
                 shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
                 features.append(pt.broadcast_to(f, shape))
-        self._pairs = [(j, l) for j, l, _ in h]
+        self._pairs = [(j, j2) for j, j2, _ in h]
         h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
         outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
         fn = pytensor.function([flat, *data], outputs, mode=_FULL_PASS_MODE,
@@ -360,7 +362,7 @@ class PredictorPasses(TaylorPasses):
             blocks = self._blocks(features, n)
             for t, bt in enumerate(blocks):
                 a[an.slices[t]] += self._left(bt, g[:, owner[t]])
-            for p, (j, l) in enumerate(self._pairs):
+            for p, (j, j2) in enumerate(self._pairs):
                 hjl = h[:, p]
                 if not np.any(hjl):
                     continue
@@ -368,11 +370,11 @@ class PredictorPasses(TaylorPasses):
                     if owner[t] != j:
                         continue
                     for s, bs in enumerate(blocks):
-                        if owner[s] != l or (j == l and s < t):
+                        if owner[s] != j2 or (j == j2 and s < t):
                             continue
                         block = np.asarray(self._gram(bt, bs, hjl))
                         b[an.slices[t], an.slices[s]] += block
-                        if (j, t) != (l, s):
+                        if (j, t) != (j2, s):
                             b[an.slices[s], an.slices[t]] += block.T
         self.evaluations += self.store.n_rows
         return total, a, b
@@ -406,8 +408,10 @@ class PredictorPasses(TaylorPasses):
 def quantity_derivatives(
     an: PredictorAnalysis, at: Any
 ) -> tuple[list[Any], list[tuple[int, int, Any]], Any]:
-    """Per-row ``g_j``, the non-zero ``H_jl`` (``(j, l, H_jl)``, j ≤ l) and ``ℓ_i`` at
-    ``q(at)`` on a row batch."""
+    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` at ``q(at)`` on a row batch.
+
+    The second derivatives come as ``(j, k, H_jk)`` with ``j ≤ k``.
+    """
     preds = an.predictors
     m = len(preds.quantities)
     q = [pt.vector(f"q{j}", dtype="float64") for j in range(m)]
@@ -418,19 +422,19 @@ def quantity_derivatives(
     g = [grad(total, q[j], disconnected_inputs="ignore") for j in range(m)]
     pairs = []
     for j in range(m):
-        for l in range(j, m):
+        for j2 in range(j, m):
             # None where ℓ_i does not depend on both (two observed variables).
-            hjl = grad(pt.sum(g[j]), q[l], disconnected_inputs="ignore",
+            hjl = grad(pt.sum(g[j]), q[j2], disconnected_inputs="ignore",
                        return_disconnected="none")
             if hjl is not None:
-                pairs.append((j, l, hjl))
+                pairs.append((j, j2, hjl))
     n = an.n_batch
     q_at = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
             for quant in preds.quantities]
     q_at = clone_replace(q_at, {an.likelihood.graphs.flat: at})
     out = clone_replace([*g, *(h for _, _, h in pairs), loglik],
                         dict(zip(q, q_at, strict=True)))
-    h_out = [(j, l, h) for (j, l, _), h in zip(pairs, out[m:-1], strict=True)]
+    h_out = [(j, j2, h) for (j, j2, _), h in zip(pairs, out[m:-1], strict=True)]
     return out[:m], h_out, out[-1]
 
 
@@ -545,11 +549,11 @@ class PredictorTaylorEstimator(TaylorEstimator):
         proxy = 0.0
         for j in range(m):
             proxy = proxy + g[j] * dq[j]
-        for j, l, hjl in h:
-            if j == l:
+        for j, j2, hjl in h:
+            if j == j2:
                 proxy = proxy + 0.5 * hjl * dq[j] * wq[j]
             else:  # H_jl = H_lj: both cross terms
-                proxy = proxy + 0.5 * hjl * (dq[j] * wq[l] + dq[l] * wq[j])
+                proxy = proxy + 0.5 * hjl * (dq[j] * wq[j2] + dq[j2] * wq[j])
         residuals = graphs.ratios - proxy * inv_t
         c_prop = clone_replace(an.coef, {graphs.flat: x_prop})
         c_cur = clone_replace(an.coef, {graphs.flat: x_cur})
