@@ -37,6 +37,7 @@ chain's sample stats. Re-centring (optional, during tuning only, see
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -68,8 +69,11 @@ __all__ = [
     "make_estimator",
 ]
 
-#: The control variates a step method accepts (``control_variate=...``).
-CONTROL_VARIATES: tuple[str, ...] = ("taylor",)
+#: The control variates a step method accepts (``control_variate=...``): ``"taylor"``
+#: chooses between the expansion in the per-row quantities (``"taylor_predictor"``,
+#: :mod:`~pymc_minibatch_mh.adapter.control_variate_glm`) and the θ-space expansion
+#: (``"taylor_theta"``, :class:`TaylorEstimator`); the other two force one.
+CONTROL_VARIATES: tuple[str, ...] = ("taylor", "taylor_theta", "taylor_predictor")
 
 
 def make_estimator(
@@ -86,8 +90,13 @@ def make_estimator(
 
     Parameters
     ----------
-    kind : {"taylor", None}
-        The ``control_variate`` setting of the step.
+    kind : {"taylor", "taylor_theta", "taylor_predictor", None}
+        The ``control_variate`` setting of the step. ``"taylor"`` uses the expansion in
+        the per-row quantities when every observed variable's parameters decompose into
+        data features times functions of θ and some of those functions are not affine
+        in θ (:func:`~pymc_minibatch_mh.adapter.control_variate_glm.select`; with affine
+        ones both expansions are the same), the θ-space expansion otherwise; the
+        estimator's ``name`` says which (``"taylor_predictor"`` or ``"taylor"``).
     likelihood : MinibatchLikelihood
         The step's compiled likelihood.
     policy : PrefetchPolicy
@@ -104,7 +113,8 @@ def make_estimator(
     Returns
     -------
     RatioEstimator
-        The plain ratios when ``kind`` is None, else a :class:`TaylorEstimator`.
+        The plain ratios when ``kind`` is None, else a :class:`TaylorEstimator` (or its
+        subclass :class:`~pymc_minibatch_mh.adapter.control_variate_glm.PredictorTaylorEstimator`).
 
     Raises
     ------
@@ -129,6 +139,20 @@ def make_estimator(
             f"{step_name} evaluates every row at every step, so control variates cannot "
             "save anything there (Δ is the same, up to rounding). Remove "
             "control_variate=..., or use MinibatchBarker(control_variate='taylor')."
+        )
+    from pymc_minibatch_mh.adapter import control_variate_glm as glm  # imports this module
+
+    analysis = None
+    if kind == "taylor":
+        analysis, reason = glm.select(likelihood)
+        logging.getLogger("pymc_minibatch_mh").info(
+            "%s: control_variate='taylor' uses the %s expansion (%s).", step_name,
+            "per-row-quantity" if analysis is not None else "θ-space", reason,
+        )
+    if kind == "taylor_predictor" or analysis is not None:
+        return glm.PredictorTaylorEstimator(
+            likelihood, policy, analysis=analysis, reference=reference, recenter=recenter,
+            step_name=step_name,
         )
     return TaylorEstimator(
         likelihood, policy, reference=reference, recenter=recenter, step_name=step_name

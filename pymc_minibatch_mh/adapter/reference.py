@@ -64,6 +64,8 @@ class TaylorPasses:
         self.evaluations = 0
         #: Newton decrement at the MAP found by :meth:`find_map` (NaN before).
         self.map_decrement = math.nan
+        #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
+        self.map_converged = False
         self._compile(likelihood.graphs)
 
     def _compile(self, graphs: Any) -> None:
@@ -88,13 +90,25 @@ class TaylorPasses:
             fn.trust_input = True
             return fn
 
-        self._value_grad_fn = compile_fn([flat, *data], [total, g])
-        self._hvp_fn = compile_fn([flat, v, *data], hv)
+        # Compiled on first use: an estimator that computes G and H otherwise (the
+        # per-row-quantity expansion) with a given reference needs neither.
+        self._lazy = {
+            "_value_grad_fn": lambda: compile_fn([flat, *data], [total, g]),
+            "_hvp_fn": lambda: compile_fn([flat, v, *data], hv),
+        }
         # No data in the prior: a quickly compiled function is fast enough.
         self._prior_all_fn = pytensor.function(
             [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
             on_unused_input="ignore",
         )
+
+    def __getattr__(self, name: str) -> Any:
+        lazy = self.__dict__.get("_lazy", {})
+        if name in lazy:
+            value = lazy.pop(name)()
+            setattr(self, name, value)
+            return value
+        raise AttributeError(name)
 
     def prior(
         self, x: NDArray[np.float64], hessian: bool = False
@@ -198,8 +212,15 @@ class TaylorPasses:
             values[e.name] = value.reshape(e.shape)
         return self.likelihood.point_map.to_flat(values)
 
-    def find_map(self, x0: NDArray[np.float64]) -> TaylorReference:
-        """The mode of the full-data log posterior: L-BFGS-B, then Newton steps."""
+    def find_map(self, x0: NDArray[np.float64], strict: bool = True) -> TaylorReference:
+        """The mode of the full-data log posterior: L-BFGS-B, then Newton steps.
+
+        With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
+        polishing fails, e.g. where the log posterior is not concave) returns the
+        reference at the last point reached (L-BFGS-B's, or a later Newton iterate)
+        instead of raising, provided the log-likelihood and its derivatives are finite
+        there; :attr:`map_decrement` and :attr:`map_converged` say how far it got.
+        """
         def negative_log_posterior(x: NDArray[np.float64]) -> tuple[float, Any]:
             loglik, g, _ = self._full_pass(x, hessian=False)
             prior, prior_g, _ = self.prior(x)
@@ -237,6 +258,10 @@ class TaylorPasses:
                     break
                 step = step / 2.0
             x = trial
+        self.map_converged = ref is not None and decrement <= MAP_TOLERANCE
+        if ref is not None and not strict:
+            self.map_decrement = decrement
+            return ref
         if ref is None or not decrement <= MAP_TOLERANCE:
             raise ControlVariateError(
                 "The MAP search for the control variates' reference point did not "
