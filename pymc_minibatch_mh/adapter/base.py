@@ -223,6 +223,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             proposal, S, dim=self.likelihood.point_map.size,
             control_variate=self.control_variate, temperature=self._temperature,
             gradient=self._surrogate_gradient if self.control_variate is not None else None,
+            log_density=(
+                self._surrogate_log_density if self.control_variate is not None else None
+            ),
             step=self,
         )
         surrogate = hasattr(self.proposal, "surrogate")
@@ -282,6 +285,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 f"N={self._n_rows}. Use a batch_size between 1 and N."
             )
         self.estimator.start_chain(rng, self.batch_size)
+        if hasattr(self.proposal, "tuning"):
+            self.proposal.tuning = self._tune_enabled  # a proposal that adapts itself
         self._started = True
         self._tuning = True
         self._chain_started = False
@@ -304,6 +309,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on."""
         self.tune = False
         self._tuning = False
+        if hasattr(self.proposal, "tuning"):
+            self.proposal.tuning = False
 
     # --------------------------------------------------------------------- step
     @abstractmethod
@@ -331,6 +338,11 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self.likelihood.check_point(point)
         self._chain_started = True
         return point
+
+    def _surrogate_log_density(self, x: NDArray[np.float64]) -> float:
+        """The surrogate log posterior (up to a constant): tempered proxy sum plus prior."""
+        proxy = self.control_variate.proxy_value(x)  # type: ignore[union-attr]
+        return proxy * float(self._inv_temperature) + self.likelihood.prior(x)
 
     def _surrogate_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the surrogate log posterior: tempered proxy sum plus the prior."""

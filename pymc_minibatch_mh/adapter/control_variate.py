@@ -382,6 +382,12 @@ class TaylorEstimator(RatioEstimator):
         self.recenterings += 1
         return self.store.n_rows
 
+    def proxy_value(self, x: NDArray[np.float64]) -> float:
+        """The full-data sum of the expansions at ``x``, less its value at θ̂ (untempered)."""
+        ref = self.reference
+        d = x - ref.theta
+        return float(ref.gradient @ d + 0.5 * d @ (ref.hessian @ d))
+
     def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the full-data sum of the expansions at ``x``: ``G + H(x − θ̂)``.
 

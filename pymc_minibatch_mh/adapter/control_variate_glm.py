@@ -184,6 +184,8 @@ class PredictorAnalysis:
         self._vjp_fn = pytensor.function([flat, u], vjp, mode=fast, on_unused_input="ignore")
         self._hvp_fn = pytensor.function([flat, u, v], hvp, mode=fast,
                                          on_unused_input="ignore")
+        self._graphs = (flat, u, coef, vjp)  # compiled for speed on first per-step use
+        self._step_fns: Any = None
         self.x0 = x0
 
     def rows(self, outputs: Any) -> Any:
@@ -203,6 +205,21 @@ class PredictorAnalysis:
         return np.array([self._vjp_fn(x, eye[k]) for k in range(self.n_coef)]).reshape(
             self.n_coef, x.size
         )
+
+    def step_functions(self) -> tuple[Any, Any]:
+        """``(c(x), (∂c/∂θ)ᵀ v)`` compiled with the step's backend (first use compiles).
+
+        For what runs at every step (the surrogate gradient of MALA and HMC); the other
+        functions of this class run at set-up only and are compiled quickly instead.
+        """
+        if self._step_fns is None:
+            flat, u, coef, vjp = self._graphs
+            lik = self.likelihood
+            self._step_fns = (
+                direct_call(lik.compile([flat], coef)),
+                direct_call(lik.compile([flat, u], vjp)),
+            )
+        return self._step_fns
 
     def curvature(self, x: NDArray[np.float64], a: NDArray[np.float64]) -> NDArray[np.float64]:
         """``Σ_k a_k ∇²c_k(x)``, shape ``(d, d)`` (d Hessian-vector products; no data)."""
@@ -532,6 +549,24 @@ class PredictorTaylorEstimator(TaylorEstimator):
     def map_converged(self) -> bool:
         """Whether the MAP search reached the tolerance (False with a user reference)."""
         return bool(self.passes.map_converged)
+
+    def proxy_value(self, x: NDArray[np.float64]) -> float:
+        """The full-data sum of the expansions at ``x``, less its value at θ̂: A·d + ½dᵀBd."""
+        ref = self.reference
+        coefficients, _ = self.analysis.step_functions()
+        d = np.asarray(coefficients(x)).reshape(-1) - ref.coef
+        return float(ref.coef_gradient @ d + 0.5 * d @ (ref.coef_hessian @ d))
+
+    def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Gradient of the full-data sum of the expansions at ``x``: ``Jᵀ(A + B(c(x) − ĉ))``.
+
+        Exact for the expansion in the per-row quantities (not its Gaussian approximation
+        in θ): with the prior's gradient, the surrogate posterior that MALA and HMC follow.
+        """
+        ref = self.reference
+        coefficients, vjp = self.analysis.step_functions()
+        c = np.asarray(coefficients(x)).reshape(-1)
+        return np.asarray(vjp(x, ref.coef_gradient + ref.coef_hessian @ (c - ref.coef)))
 
     def _compile_delta(self, graphs: Any) -> Any:
         an = self.analysis

@@ -100,6 +100,7 @@ class MinibatchLikelihood:
         self.delta_fast = direct_call(self._delta_fn)
         self._rows_fn = self.compile([g.flat, *g.data], g.row_loglik)
         self._prior_fn = self.compile([g.flat], g.prior)
+        self._prior_direct = direct_call(self._prior_fn)
         self._prior_grad_fn: Any = None
         # The model's own terms on all rows (not split): the reference for validation.
         self._model_fn = self.compile([g.flat], g.full_loglik, mode="FAST_COMPILE")
@@ -209,7 +210,7 @@ class MinibatchLikelihood:
 
     def prior(self, x: NDArray[np.float64]) -> float:
         """Log prior with Jacobians and Potentials at ``x``."""
-        return float(self._prior_fn(x))
+        return float(self._prior_direct(x))
 
     def row_loglik(self, x: NDArray[np.float64], rows: NDArray[np.int64]) -> NDArray[np.float64]:
         """Per-row log-likelihood at one state, on the given rows (row indices)."""

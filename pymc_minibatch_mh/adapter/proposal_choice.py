@@ -43,11 +43,14 @@ from pymc_minibatch_mh.adapter.proposal_surrogate import (
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
 )
+from pymc_minibatch_mh.adapter.proposal_transition import SurrogateTransitionProposal
 
 __all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal", "proposal_stats"]
 
 #: The names ``proposal=`` accepts.
-PROPOSALS: tuple[str, ...] = ("auto", "random_walk", "crank_nicolson", "mala", "hmc")
+PROPOSALS: tuple[str, ...] = (
+    "auto", "random_walk", "crank_nicolson", "mala", "hmc", "surrogate_transition",
+)
 
 #: The ``proposal`` sample stat: a code per proposal ``name`` (-1: any other proposal).
 PROPOSAL_CODES: dict[str, int] = {
@@ -56,6 +59,7 @@ PROPOSAL_CODES: dict[str, int] = {
     "surrogate_mala": 2,
     "surrogate_hmc": 3,
     "sgld": 4,
+    "surrogate_transition": 5,
 }
 
 
@@ -68,6 +72,7 @@ def make_proposal(
     temperature: float,
     gradient: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None,
     step: Any,
+    log_density: Callable[[NDArray[np.float64]], float] | None = None,
 ) -> Proposal:
     """The proposal of a step (see the module docstring).
 
@@ -85,6 +90,8 @@ def make_proposal(
         K of the surrogate (the likelihood's curvature is divided by K).
     gradient : callable or None
         Gradient of the surrogate log posterior at a flat state (for ``"mala"``/``"hmc"``).
+    log_density : callable or None
+        The surrogate log posterior (for ``"surrogate_transition"``).
     step : MinibatchStep
         Handed to a callable ``proposal``.
 
@@ -151,7 +158,10 @@ def make_proposal(
     assert gradient is not None
     if kind == "mala":
         return SurrogateLangevinProposal(gradient, surrogate)
-    return SurrogateHMCProposal(gradient, surrogate)
+    if kind == "hmc":
+        return SurrogateHMCProposal(gradient, surrogate)
+    assert log_density is not None
+    return SurrogateTransitionProposal(log_density, gradient, surrogate)
 
 
 def proposal_stats(proposal: Any) -> tuple[int, float, float]:
