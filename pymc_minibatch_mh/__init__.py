@@ -3,7 +3,8 @@
 The main entry point is :class:`MinibatchBarker`, the minibatch Barker test of Seita et al.
 (UAI 2017). The baselines from the same literature share its interface and stats:
 :class:`AustereMH` (Korattikara et al. 2014), :class:`MHSubLhd` (Bardenet et al. 2014) and
-:class:`ExactMH` (full-data Metropolis or Barker tests).
+:class:`ExactMH` (full-data Metropolis or Barker tests). :class:`MinibatchGibbs` updates
+Bernoulli and Categorical variables with the same tests (Korattikara et al. 2014, App. F).
 
 The acceptance tests themselves, the correction distribution, row sampling and error
 bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapter in
@@ -16,6 +17,7 @@ from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correc
 from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
 from pymc_minibatch_mh.step_methods.exact import ExactMH
+from pymc_minibatch_mh.step_methods.gibbs import MinibatchGibbs
 from pymc_minibatch_mh.step_methods.subsampling import MHSubLhd
 
 __version__ = "0.1.0"
@@ -26,6 +28,7 @@ __all__ = [
     "ExactMH",
     "MHSubLhd",
     "MinibatchBarker",
+    "MinibatchGibbs",
     "ModelNotSupportedError",
     "TemperatureSchedule",
     "__version__",

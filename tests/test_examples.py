@@ -155,3 +155,27 @@ def test_sgld_correction(tmp_path):
         assert abs(draws.mean() - mean) < 5 * sd / math.sqrt(draws.size)
     with pytest.raises(SystemExit):
         module.parse_args(["--methods", "nuts"])
+
+
+def test_variable_selection(tmp_path):
+    module = _example("variable_selection")
+    result = module.main(["--n", "1500", "--draws", "30", "--tune", "20", "--chains", "1",
+                          "--batch-size", "100", "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    assert set(result["inclusion"]) == {"exact", "austere", "barker"}
+    assert result["rows_per_update"]["exact"] == 1500
+    assert result["rows_per_update"]["austere"] < 1500
+    assert result["max_diff"]["austere"] is not None and "Figure 13" in result["table"]
+
+
+def test_mrf_conditionals(tmp_path):
+    module = _example("mrf_conditionals")
+    result = module.main(["--d", "12", "--rows", "300", "--batch-size", "50", "--reps", "40",
+                          "--burn", "2", "--epsilons", "0.01", "0.25", "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    assert result["exact"].shape == (12,)
+    assert set(result["max_error"]) == {"t-test ε = 0.01", "t-test ε = 0.25", "Barker σ = 1"}
+    assert 0.0 < result["data_fraction"]["t-test ε = 0.25"] <= 1.0
+    assert "Figure 14" in result["table"] and "≤ 0.01" in result["table"]

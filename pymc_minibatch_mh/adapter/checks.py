@@ -34,15 +34,23 @@ class ModelNotSupportedError(ValueError):
     """The model cannot be sampled by a minibatch step; the message says why and what to do."""
 
 
-def check_variables(value_vars: Sequence[Variable], step_name: str) -> None:
-    """Refuse discrete sampled variables."""
+def check_variables(
+    value_vars: Sequence[Variable], step_name: str, *, allow_discrete: bool = False
+) -> None:
+    """Refuse discrete sampled variables, unless the step samples them (``allow_discrete``).
+
+    Only :class:`~pymc_minibatch_mh.step_methods.gibbs.MinibatchGibbs` passes
+    ``allow_discrete=True`` (and checks the distributions itself); the continuous steps
+    keep the refusal.
+    """
     discrete = [v.name for v in value_vars if v.dtype in discrete_types]
-    if discrete:
+    if discrete and not allow_discrete:
         raise ModelNotSupportedError(
             f"{step_name} samples continuous variables only, but {discrete} "
             "are discrete. Give them to a step method for discrete variables and the "
             f"continuous ones to {step_name}, e.g. "
-            f"step=[{step_name}([...continuous...]), pm.Metropolis({discrete})]."
+            f"step=[{step_name}([...continuous...]), pm.Metropolis({discrete})] (or "
+            "MinibatchGibbs for Bernoulli and Categorical variables)."
         )
 
 def check_observed(model: pm.Model, observed: Sequence[Variable], step_name: str) -> None:

@@ -54,6 +54,10 @@ class MinibatchLikelihood:
         :func:`~pymc_minibatch_mh.adapter.compat.default_mode`).
     step_name : str
         Used in error messages.
+    allow_discrete : bool
+        Accept discrete sampled variables (only the discrete step methods set it; the
+        continuous ones refuse them, see
+        :func:`~pymc_minibatch_mh.adapter.checks.check_variables`).
 
     Raises
     ------
@@ -71,6 +75,7 @@ class MinibatchLikelihood:
         initial_point: Mapping[str, Any] | None = None,
         mode: Any = None,
         step_name: str = "MinibatchBarker",
+        allow_discrete: bool = False,
     ) -> None:
         self.model = model
         self.step_name = step_name
@@ -79,7 +84,9 @@ class MinibatchLikelihood:
         #: The point used for shapes and checks (and as the start of searches).
         self.initial_point: dict[str, Any] = point
         self.value_vars: list[Variable] = get_value_vars_from_user_vars(vars, model)
-        split = split_model(model, self.value_vars, point, step_name)
+        split = split_model(
+            model, self.value_vars, point, step_name, allow_discrete=allow_discrete
+        )
         #: The symbolic graphs, for estimators that build other per-step functions on the
         #: same per-row likelihood (e.g. control variates).
         self.graphs = split.graphs

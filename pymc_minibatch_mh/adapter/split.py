@@ -117,6 +117,8 @@ def split_model(
     value_vars: Sequence[Variable],
     point: Mapping[str, Any],
     step_name: str,
+    *,
+    allow_discrete: bool = False,
 ) -> ModelSplit:
     """Check a model and rewrite its likelihood as per-row graphs of row batches.
 
@@ -130,6 +132,9 @@ def split_model(
         A point for shapes and dtypes.
     step_name : str
         Used in error messages.
+    allow_discrete : bool, optional
+        Accept discrete sampled variables (read from the flat float64 vector and cast
+        back to their integer dtype); only the discrete step methods set it.
 
     Returns
     -------
@@ -145,7 +150,7 @@ def split_model(
         variables of disagreeing lengths, Potentials that use the data.
 
     """
-    check_variables(value_vars, step_name)
+    check_variables(value_vars, step_name, allow_discrete=allow_discrete)
     observed = list(model.observed_RVs)
     check_observed(model, observed, step_name)
     terms = model.logp(vars=observed, sum=False)
