@@ -19,6 +19,7 @@ from pymc_minibatch_mh.adapter.proposal_surrogate import (
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
 )
+from pymc_minibatch_mh.adapter.proposal_transition import SurrogateTransitionProposal
 
 Y = np.random.default_rng(5).normal(1.3, 2.0, size=4000)
 
@@ -65,7 +66,7 @@ def test_proposal_settings_are_checked():
 @pytest.mark.parametrize(
     "kind, cls",
     [("crank_nicolson", CrankNicolsonProposal), ("mala", SurrogateLangevinProposal),
-     ("hmc", SurrogateHMCProposal)],
+     ("hmc", SurrogateHMCProposal), ("surrogate_transition", SurrogateTransitionProposal)],
 )
 def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(kind, cls):
     """Normal mean: the Taylor expansion and the Laplace fit are exact, so every surrogate
