@@ -479,14 +479,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
 
 def check_batch_size(batch_size: Any) -> None:
-    """Refuse a ``batch_size`` that is not a positive integer (every step's check).
-
-    Raises
-    ------
-    ValueError
-        With the value given.
-
-    """
+    """Raise ValueError for a ``batch_size`` that is not a positive integer."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if batch_size < 1:
@@ -494,14 +487,7 @@ def check_batch_size(batch_size: Any) -> None:
 
 
 def check_temperature(temperature: Any) -> None:
-    """Refuse a temperature K that is not a positive finite number (every step's check).
-
-    Raises
-    ------
-    ValueError
-        With the value given.
-
-    """
+    """Raise ValueError for a temperature K that is not a positive finite number."""
     if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
         raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
     if temperature <= 0:
