@@ -253,14 +253,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
     # ----------------------------------------------------------------- settings
     def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-        if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        check_batch_size(batch_size)
+        check_temperature(temperature)
 
     @property
     def temperature(self) -> float:
@@ -269,7 +263,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        self._validate_settings(batch_size=1, temperature=value)
+        check_temperature(value)
         self._temperature = float(value)
         self._inv_temperature = np.array(1.0 / self._temperature)
 
@@ -482,3 +476,19 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         if var.dtype in continuous_types:
             return Competence.COMPATIBLE
         return Competence.INCOMPATIBLE
+
+
+def check_batch_size(batch_size: Any) -> None:
+    """Raise ValueError for a ``batch_size`` that is not a positive integer."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+
+
+def check_temperature(temperature: Any) -> None:
+    """Raise ValueError for a temperature K that is not a positive finite number."""
+    if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")

@@ -210,6 +210,9 @@ class TaylorEstimator(RatioEstimator):
     """
 
     name: ClassVar[str] = "taylor"
+    #: Whether a MAP search that misses :data:`MAP_TOLERANCE` is an error (see
+    #: :meth:`~pymc_minibatch_mh.adapter.reference.TaylorPasses.find_map`).
+    _strict_map: ClassVar[bool] = True
 
     __slots__ = ("passes", "step_name", "recenter_threshold", "dim", "_theta", "_gradient",
                  "_hessian", "recenterings", "map_evaluations", "setup_evaluations",
@@ -233,19 +236,18 @@ class TaylorEstimator(RatioEstimator):
         self.step_name = step_name
         self.recenter_threshold = None if recenter is None else float(recenter)
         self._check_other_variables()
-        self.passes = passes = TaylorPasses(likelihood, step_name)
+        self.passes = passes = self._make_passes()
         x_ref = None if reference is None else passes.reference_flat(reference)
         d = likelihood.point_map.size
         self.dim = d
         self._theta = pytensor.shared(np.zeros(d), name="cv_theta_hat")
-        self._gradient = pytensor.shared(np.zeros(d), name="cv_gradient")
-        self._hessian = pytensor.shared(np.zeros((d, d)), name="cv_hessian")
+        self._make_sums(d)
         super().__init__(likelihood, policy, self._compile_delta(likelihood.graphs))
         #: Re-centrings since the estimator was built, over all chains of this process.
         self.recenterings = 0
         if reference is None:
             x0 = likelihood.point_map.to_flat(likelihood.initial_point)
-            ref = passes.find_map(x0)
+            ref = passes.find_map(x0, strict=self._strict_map)
         else:
             ref = passes.reference_at(x_ref, what="reference point")
         #: Rows evaluated by the MAP search, its last pass being the pass at θ̂ (0 with a
@@ -265,6 +267,15 @@ class TaylorEstimator(RatioEstimator):
                 ) from None
         self._set_reference(ref)
         self._data = self.store.arrays
+
+    def _make_passes(self) -> TaylorPasses:
+        """The full-data passes (MAP search, sums at θ̂) of this expansion."""
+        return TaylorPasses(self.likelihood, self.step_name)
+
+    def _make_sums(self, d: int) -> None:
+        """The shared variables of the full-data sums at θ̂ that ``_compile_delta`` reads."""
+        self._gradient = pytensor.shared(np.zeros(d), name="cv_gradient")
+        self._hessian = pytensor.shared(np.zeros((d, d)), name="cv_hessian")
 
     @property
     def map_decrement(self) -> float:

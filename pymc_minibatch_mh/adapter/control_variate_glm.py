@@ -41,14 +41,16 @@ the decomposition succeeds for every observed variable and some coefficient is n
 affine in θ; the θ-space expansion otherwise. With affine coefficients (a plain GLM:
 ``X @ b``) both expansions are the same function (the second derivative of q in θ is
 zero), so nothing is gained by switching.
+
+The full-data passes and
+:class:`~pymc_minibatch_mh.adapter.predictor_passes.PredictorReference` are in
+:mod:`~pymc_minibatch_mh.adapter.predictor_passes`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,11 +58,10 @@ import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.gradient import grad
-from pytensor.graph.rewriting.utils import rewrite_graph
 
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator
-from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
-from pymc_minibatch_mh.adapter.graph import checks_as_ninf, clone_replace
+from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy
+from pymc_minibatch_mh.adapter.graph import clone_replace
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.adapter.predictor import (
     MAX_FEATURES,
@@ -69,12 +70,13 @@ from pymc_minibatch_mh.adapter.predictor import (
     analyse,
     coefficient_vector,
 )
-from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
-from pymc_minibatch_mh.adapter.reference import (
-    _FULL_PASS_MODE,
-    ControlVariateError,
-    TaylorPasses,
+from pymc_minibatch_mh.adapter.predictor_passes import (
+    PredictorPasses,
+    PredictorReference,
+    quantity_derivatives,
 )
+from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
+from pymc_minibatch_mh.adapter.reference import ControlVariateError
 from pymc_minibatch_mh.core.control_variate import TaylorReference
 
 __all__ = [
@@ -86,44 +88,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("pymc_minibatch_mh")
-
-
-@dataclass(frozen=True)
-class PredictorReference(TaylorReference):
-    """A θ-space Taylor reference with the sums of the per-row-quantity expansion.
-
-    The :class:`~pymc_minibatch_mh.core.control_variate.TaylorReference` fields hold the
-    θ-space G and H (by the chain rule); the extra fields, the sufficient statistics.
-
-    Parameters
-    ----------
-    coef : numpy.ndarray
-        ``c(θ̂)``, shape ``(K,)``.
-    coef_gradient : numpy.ndarray
-        ``A = Σ_i F_iᵀ g_i``, shape ``(K,)``.
-    coef_hessian : numpy.ndarray
-        ``B = Σ_i F_iᵀ H_i F_i``, shape ``(K, K)``.
-
-    """
-
-    coef: NDArray[np.float64] | None = None
-    coef_gradient: NDArray[np.float64] | None = None
-    coef_hessian: NDArray[np.float64] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("coef", "coef_gradient", "coef_hessian"):
-            value = np.array(getattr(self, name), dtype=np.float64)
-            if name == "coef_hessian":
-                value = 0.5 * (value + value.T)
-            value.setflags(write=False)
-            object.__setattr__(self, name, value)
-
-    def coef_difference(self, c_cur: NDArray[np.float64], c_prop: NDArray[np.float64]) -> float:
-        """``A·d + ½ dᵀ B w``: the full-data sum of the proxies' differences."""
-        d = c_prop - c_cur
-        w = c_prop + c_cur - 2.0 * self.coef
-        return float(self.coef_gradient @ d + 0.5 * d @ (self.coef_hessian @ w))
 
 
 # --------------------------------------------------------------------- analysis
@@ -270,191 +234,6 @@ def select(likelihood: MinibatchLikelihood) -> tuple[PredictorAnalysis | None, s
     return analysis, f"per-row quantities: {analysis.name}"
 
 
-# ----------------------------------------------------------------------- passes
-class PredictorPasses(TaylorPasses):
-    """Full-data passes of the per-row-quantity expansion (and the MAP search).
-
-    :meth:`reference_at` computes ``A``, ``B`` and the log-likelihood in one pass over
-    the row store (chunks; O(K²) memory) and the θ-space gradient and Hessian from them
-    by the chain rule. The MAP search is :meth:`TaylorPasses.find_map`'s, whose Newton
-    steps therefore cost one pass each.
-    """
-
-    def __init__(self, likelihood: MinibatchLikelihood, step_name: str,
-                 analysis: PredictorAnalysis) -> None:
-        self.analysis = analysis
-        super().__init__(likelihood, step_name)
-        self._compile_sums()
-
-    def _compile_sums(self) -> None:
-        an = self.analysis
-        graphs = self.likelihood.graphs
-        flat, data = graphs.flat, list(graphs.data)
-        g, h, loglik = quantity_derivatives(an, flat)
-        features = []
-        n = an.n_batch
-        for t in an.terms:
-            if t.kind == "index":
-                features.append(pt.as_tensor(an.rows(t.index)).astype("int64"))
-                if t.feature is not None:
-                    features.append(pt.broadcast_to(an.rows(t.feature).astype("float64"), (n,)))
-            elif t.feature is not None:
-                f = an.rows(t.feature).astype("float64")
-                shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
-                features.append(pt.broadcast_to(f, shape))
-        self._pairs = [(j, j2) for j, j2, _ in h]
-        h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
-        outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
-        fn = pytensor.function([flat, *data], outputs, mode=_FULL_PASS_MODE,
-                               on_unused_input="ignore")
-        fn.trust_input = True
-        self._sums_fn = fn
-
-    def _blocks(self, features: list[NDArray[Any]], n: int) -> list[tuple[Any, ...]]:
-        """Per term: ``("dense", X (n, K))`` or ``("index", idx, weight or None, G)``."""
-        an = self.analysis
-        out = []
-        pos = 0
-        for t, size in zip(an.terms, an.sizes, strict=True):
-            if t.kind == "index":
-                idx = features[pos]
-                pos += 1
-                weight = None
-                if t.feature is not None:
-                    weight = features[pos]
-                    pos += 1
-                idx = np.where(idx < 0, idx + size, idx)
-                out.append(("index", idx, weight, size))
-            elif t.feature is None:
-                out.append(("dense", np.ones((n, 1))))
-            else:
-                f = features[pos]
-                pos += 1
-                out.append(("dense", f.reshape(n, -1)))
-        return out
-
-    @staticmethod
-    def _left(block: tuple[Any, ...], v: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``F_tᵀ v``."""
-        if block[0] == "dense":
-            return block[1].T @ v
-        _, idx, weight, size = block
-        return np.bincount(idx, weights=v if weight is None else weight * v, minlength=size)
-
-    @staticmethod
-    def _gram(bt: tuple[Any, ...], bs: tuple[Any, ...], h: NDArray[np.float64]) -> Any:
-        """``F_tᵀ diag(h) F_s``."""
-        if bt[0] == "dense" and bs[0] == "dense":
-            return (bt[1] * h[:, None]).T @ bs[1]
-        if bt[0] == "index" and bs[0] == "index":
-            _, it, wt, gt = bt
-            _, is_, ws, gs = bs
-            weights = h if wt is None else h * wt
-            weights = weights if ws is None else weights * ws
-            return np.bincount(it * gs + is_, weights=weights, minlength=gt * gs).reshape(
-                gt, gs
-            )
-        if bt[0] == "dense":
-            return PredictorPasses._gram(bs, bt, h).T
-        _, it, wt, gt = bt
-        x = bs[1]
-        weights = h if wt is None else h * wt
-        return np.column_stack(
-            [np.bincount(it, weights=weights * x[:, k], minlength=gt) for k in range(x.shape[1])]
-        )
-
-    def sums(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64],
-                                                    NDArray[np.float64]]:
-        """Log-likelihood, ``A`` and ``B`` at ``x``: one counted pass over the rows."""
-        an = self.analysis
-        k = an.n_coef
-        total = 0.0
-        a = np.zeros(k)
-        b = np.zeros((k, k))
-        owner = an.term_quantity
-        for chunk in self.store.chunks():
-            loglik, g, h, *features = self._sums_fn(x, *chunk)
-            n = g.shape[0]
-            total += float(loglik)
-            blocks = self._blocks(features, n)
-            for t, bt in enumerate(blocks):
-                a[an.slices[t]] += self._left(bt, g[:, owner[t]])
-            for p, (j, j2) in enumerate(self._pairs):
-                hjl = h[:, p]
-                if not np.any(hjl):
-                    continue
-                for t, bt in enumerate(blocks):
-                    if owner[t] != j:
-                        continue
-                    for s, bs in enumerate(blocks):
-                        if owner[s] != j2 or (j == j2 and s < t):
-                            continue
-                        block = np.asarray(self._gram(bt, bs, hjl))
-                        b[an.slices[t], an.slices[s]] += block
-                        if (j, t) != (j2, s):
-                            b[an.slices[s], an.slices[t]] += block.T
-        self.evaluations += self.store.n_rows
-        return total, a, b
-
-    def reference_at(self, x: NDArray[np.float64], what: str) -> PredictorReference:
-        """``A``, ``B`` (and the θ-space G, H by the chain rule) at ``x``, checked finite."""
-        an = self.analysis
-        with np.errstate(all="ignore"):
-            loglik, a, b = self.sums(x)
-        ok = math.isfinite(loglik) and np.all(np.isfinite(a)) and np.all(np.isfinite(b))
-        if ok:
-            jac = an.jacobian(x)
-            g = jac.T @ a
-            h = jac.T @ b @ jac + an.curvature(x, a)
-            ok = np.all(np.isfinite(g)) and np.all(np.isfinite(h))
-        if not ok:
-            raise ControlVariateError(
-                f"The log-likelihood or its derivatives are not finite at the {what} "
-                f"({self.describe(x)}): log-likelihood {loglik}. Give a reference= point "
-                "where every observation has positive likelihood, or use "
-                "control_variate=None."
-            )
-        _, _, prior_h = self.prior(x, hessian=True)
-        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
-        return PredictorReference(
-            x.copy(), g, h, prior_h, loglik=loglik, coef=an.coefficients(x),
-            coef_gradient=a, coef_hessian=b,
-        )
-
-
-def quantity_derivatives(
-    an: PredictorAnalysis, at: Any
-) -> tuple[list[Any], list[tuple[int, int, Any]], Any]:
-    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` at ``q(at)`` on a row batch.
-
-    The second derivatives come as ``(j, k, H_jk)`` with ``j ≤ k``.
-    """
-    preds = an.predictors
-    m = len(preds.quantities)
-    q = [pt.vector(f"q{j}", dtype="float64") for j in range(m)]
-    (loglik,) = checks_as_ninf([an.rows(preds.loglik(q))])
-    # Stabilise (log(sigmoid(η)) -> -softplus(-η), ...) before differentiating.
-    loglik = rewrite_graph(loglik, include=("canonicalize", "stabilize"))
-    total = pt.sum(loglik)
-    g = [grad(total, q[j], disconnected_inputs="ignore") for j in range(m)]
-    pairs = []
-    for j in range(m):
-        for j2 in range(j, m):
-            # None where ℓ_i does not depend on both (two observed variables).
-            hjl = grad(pt.sum(g[j]), q[j2], disconnected_inputs="ignore",
-                       return_disconnected="none")
-            if hjl is not None:
-                pairs.append((j, j2, hjl))
-    n = an.n_batch
-    q_at = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
-            for quant in preds.quantities]
-    q_at = clone_replace(q_at, {an.likelihood.graphs.flat: at})
-    out = clone_replace([*g, *(h for _, _, h in pairs), loglik],
-                        dict(zip(q, q_at, strict=True)))
-    h_out = [(j, j2, h) for (j, j2, _), h in zip(pairs, out[m:-1], strict=True)]
-    return out[:m], h_out, out[-1]
-
-
 # -------------------------------------------------------------------- estimator
 class PredictorTaylorEstimator(TaylorEstimator):
     r"""Δ* from second-order Taylor control variates in the per-row quantities.
@@ -481,6 +260,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
     """
 
     name: ClassVar[str] = "taylor_predictor"
+    _strict_map: ClassVar[bool] = False  # see the module docstring: the last point is kept
 
     __slots__ = ("analysis", "_coef_hat", "_coef_gradient", "_coef_hessian")
 
@@ -494,56 +274,31 @@ class PredictorTaylorEstimator(TaylorEstimator):
         recenter: float | None = None,
         step_name: str = "MinibatchBarker",
     ) -> None:
-        if recenter is not None and not (
-            isinstance(recenter, int | float) and not isinstance(recenter, bool)
-            and math.isfinite(recenter) and recenter > 0
-        ):
-            raise ValueError(f"recenter must be a positive number or None, got {recenter!r}.")
-        self.likelihood = likelihood
-        self.step_name = step_name
-        self.recenter_threshold = None if recenter is None else float(recenter)
-        self._check_other_variables()
-        if analysis is None:
+        self.analysis = analysis
+        super().__init__(likelihood, policy, reference=reference, recenter=recenter,
+                         step_name=step_name)
+        _log.info("%s: control variates in the per-row quantities (%s)", step_name,
+                  self.analysis.name)
+
+    def _make_passes(self) -> PredictorPasses:
+        """Analyse the likelihood unless given, and build its :class:`PredictorPasses`."""
+        if self.analysis is None:
             try:
-                analysis = PredictorAnalysis(likelihood)
+                self.analysis = PredictorAnalysis(self.likelihood)
             except DecompositionError as err:
                 raise ControlVariateError(
                     "control_variate='taylor_predictor' needs every observed variable's "
                     f"parameters to be data features times functions of the parameters: "
                     f"{err} Use control_variate='taylor_theta' (or 'taylor', which chooses)."
                 ) from None
-        self.analysis = analysis
-        self.passes = passes = PredictorPasses(likelihood, step_name, analysis)
-        x_ref = None if reference is None else passes.reference_flat(reference)
-        d = likelihood.point_map.size
-        k = analysis.n_coef
-        self.dim = d
-        self._theta = pytensor.shared(np.zeros(d), name="cv_theta_hat")
+        return PredictorPasses(self.likelihood, self.step_name, self.analysis)
+
+    def _make_sums(self, d: int) -> None:
+        """``ĉ``, ``A`` and ``B``: the shared variables that ``_compile_delta`` reads."""
+        k = self.analysis.n_coef
         self._coef_hat = pytensor.shared(np.zeros(k), name="cv_coef_hat")
         self._coef_gradient = pytensor.shared(np.zeros(k), name="cv_coef_gradient")
         self._coef_hessian = pytensor.shared(np.zeros((k, k)), name="cv_coef_hessian")
-        RatioEstimator.__init__(self, likelihood, policy, self._compile_delta(likelihood.graphs))
-        self.recenterings = 0
-        if reference is None:
-            x0 = likelihood.point_map.to_flat(likelihood.initial_point)
-            ref = passes.find_map(x0, strict=False)
-        else:
-            ref = passes.reference_at(x_ref, what="reference point")
-        self.map_evaluations = passes.evaluations if reference is None else 0
-        self.setup_evaluations = passes.evaluations
-        self.initial_reference = ref
-        self.reference = ref
-        if self.recenter_threshold is not None:
-            try:
-                ref.laplace_covariance()
-            except ValueError as err:
-                raise ControlVariateError(
-                    f"recenter= needs the Laplace metric at the reference point: {err}"
-                ) from None
-        self._set_reference(ref)
-        self._data = self.store.arrays
-        _log.info("%s: control variates in the per-row quantities (%s)", step_name,
-                  analysis.name)
 
     @property
     def map_converged(self) -> bool:

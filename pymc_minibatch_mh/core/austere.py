@@ -19,6 +19,7 @@ program over the Gaussian random walk of the z-statistics) is in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,9 +255,15 @@ def austere_test(
     (True, True)
 
     """
+    return _threshold_t_test(log_threshold, rng, source, data_free, batch_size, epsilon)
+
+
+def _threshold_t_test(threshold: Callable[..., tuple[float, float]], rng: np.random.Generator,
+                      source: MinibatchSource, data_free: float, batch_size: int,
+                      epsilon: float) -> AustereOutcome:
+    """The sequential t-test with ``μ0`` drawn by ``threshold`` (also the Gibbs test's)."""
     batch_size, epsilon = check_design(batch_size, epsilon)
-    n_total = source.n_total
-    _, mu0 = log_threshold(rng, data_free, n_total)
+    _, mu0 = threshold(rng, data_free, source.n_total)
     if not math.isfinite(data_free):
         return _rejected(is_fault(data_free), mu0, math.nan, epsilon, batch_size)
     return _sequential_t_test(

@@ -29,9 +29,8 @@ import math
 
 import numpy as np
 
-from pymc_minibatch_mh.core.austere import AustereOutcome, _rejected, _sequential_t_test
-from pymc_minibatch_mh.core.austere_error import check_design
-from pymc_minibatch_mh.core.common import draw_uniform, is_fault
+from pymc_minibatch_mh.core.austere import AustereOutcome, _threshold_t_test
+from pymc_minibatch_mh.core.common import draw_uniform
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = ["gibbs_t_test", "logit_threshold", "propose_category"]
@@ -75,28 +74,18 @@ def logit_threshold(
     return logit_u, (logit_u - data_free) / n_total
 
 
-def gibbs_t_test(
-    rng: np.random.Generator,
-    source: MinibatchSource,
-    data_free: float,
-    *,
-    batch_size: int,
-    epsilon: float,
-) -> AustereOutcome:
+def gibbs_t_test(rng: np.random.Generator, source: MinibatchSource, data_free: float, *,
+                 batch_size: int, epsilon: float) -> AustereOutcome:
     """The sequential t-test of AustereMH with the Gibbs threshold (Appendix F).
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        ``u`` is drawn from it first (:func:`logit_threshold`).
-    source : MinibatchSource
-        Gives the ratios ``l_i`` of the flip on new rows; the caller has opened the step.
-    data_free : float
-        The data-free part ``c`` of the flip's log-odds.
-    batch_size : int
-        Rows per round m (the paper's Appendix F.1 uses 500).
-    epsilon : float
-        Threshold ε on the p-value of each round's t-test (0: the exact update).
+    rng, source, data_free, batch_size, epsilon
+        As for :func:`~pymc_minibatch_mh.core.austere.austere_test`, for the flip of one
+        variable: ``u`` (drawn first, :func:`logit_threshold`) sets the Gibbs threshold,
+        ``source`` gives the flip's ratios ``l_i`` on new rows (the caller has opened the
+        step) and ``data_free`` is the data-free part ``c`` of its log-odds. The paper's
+        Appendix F.1 uses ``batch_size=500``; ``epsilon=0`` is the exact update.
 
     Returns
     -------
@@ -121,21 +110,15 @@ def gibbs_t_test(
     --------
     >>> import numpy as np
     >>> from pymc_minibatch_mh.core.source import ArraySource
-    >>> rng = np.random.default_rng(0)
-    >>> source = ArraySource(rng.normal(0.001, 0.01, size=1000), rng=rng)
+    >>> source = ArraySource(np.full(1000, 0.001), rng=np.random.default_rng(0))
     >>> source.start_step()
-    >>> out = gibbs_t_test(rng, source, 0.0, batch_size=1000, epsilon=0.05)
-    >>> out.full_data, out.accepted == (out.mean > out.mu0)
-    (True, True)
+    >>> out = gibbs_t_test(np.random.default_rng(1), source, 0.0, batch_size=1000, epsilon=0.05)
+    >>> _, mu0 = logit_threshold(np.random.default_rng(1), 0.0, 1000)  # the same u
+    >>> out.full_data, out.mu0 == mu0, out.accepted == (out.mean > mu0)
+    (True, True, True)
 
     """
-    batch_size, epsilon = check_design(batch_size, epsilon)
-    _, mu0 = logit_threshold(rng, data_free, source.n_total)
-    if not math.isfinite(data_free):
-        return _rejected(is_fault(data_free), mu0, math.nan, epsilon, batch_size)
-    return _sequential_t_test(
-        source, mu0, batch_size, epsilon, extra=0, mu_std=math.nan, feasible=True
-    )
+    return _threshold_t_test(logit_threshold, rng, source, data_free, batch_size, epsilon)
 
 
 def propose_category(rng: np.random.Generator, current: int, categories: int) -> int:

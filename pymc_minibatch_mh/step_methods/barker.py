@@ -123,25 +123,8 @@ class MinibatchBarker(MinibatchStep):
         correction: CorrectionDistribution | None = None,
         **kwargs: Any,
     ) -> None:
-        if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
-            raise ValueError(
-                f"sigma must be in (0, π/√3 ≈ {LOGISTIC_SD:.4f}), got {sigma!r}: the normal "
-                "part of the logistic noise cannot have a larger sd than the logistic itself."
-            )
-        if tolerance is not None and not (0.0 < tolerance < 1.0):
-            raise ValueError(f"tolerance must be in (0, 1) or None, got {tolerance!r}.")
-        if early_decision is not None and not (
-            early_decision > 0 and math.isfinite(early_decision)
-        ):
-            raise ValueError(
-                f"early_decision must be a positive number or None, got {early_decision!r}."
-            )
-        self.correction = correction if correction is not None else get_correction(float(sigma))
-        if correction is not None and not math.isclose(correction.sigma, sigma):
-            raise ValueError(
-                f"The correction distribution was built for sigma={correction.sigma}, "
-                f"but sigma={sigma} was given."
-            )
+        check_barker_settings(sigma, tolerance, early_decision)
+        self.correction = barker_correction(sigma, correction)
         self.sigma = float(sigma)
         self._tolerance = tolerance
         self._early_decision = early_decision
@@ -190,3 +173,61 @@ class MinibatchBarker(MinibatchStep):
             "delta_variance": outcome.variance,
             "early_decision": outcome.early,
         }
+
+
+def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> None:
+    """Validate the settings of the minibatch Barker test (also ``MinibatchGibbs``'s).
+
+    Parameters
+    ----------
+    sigma, tolerance, early_decision
+        As for :class:`MinibatchBarker`.
+
+    Raises
+    ------
+    ValueError
+        For a value out of its range.
+
+    """
+    if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
+        raise ValueError(
+            f"sigma must be in (0, π/√3 ≈ {LOGISTIC_SD:.4f}), got {sigma!r}: the normal "
+            "part of the logistic noise cannot have a larger sd than the logistic itself."
+        )
+    if tolerance is not None and not (0.0 < tolerance < 1.0):
+        raise ValueError(f"tolerance must be in (0, 1) or None, got {tolerance!r}.")
+    if early_decision is not None and not (
+        early_decision > 0 and math.isfinite(early_decision)
+    ):
+        raise ValueError(
+            f"early_decision must be a positive number or None, got {early_decision!r}."
+        )
+
+
+def barker_correction(
+    sigma: float, correction: CorrectionDistribution | None
+) -> CorrectionDistribution:
+    """The correction distribution for ``sigma``: ``correction`` if given, else the table.
+
+    Parameters
+    ----------
+    sigma, correction
+        As for :class:`MinibatchBarker`.
+
+    Returns
+    -------
+    CorrectionDistribution
+        ``correction``, or :func:`~pymc_minibatch_mh.core.correction.get_correction`'s.
+
+    Raises
+    ------
+    ValueError
+        If ``correction`` was built for another ``sigma``.
+
+    """
+    if correction is not None and not math.isclose(correction.sigma, sigma):
+        raise ValueError(
+            f"The correction distribution was built for sigma={correction.sigma}, "
+            f"but sigma={sigma} was given."
+        )
+    return correction if correction is not None else get_correction(float(sigma))

@@ -14,21 +14,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pymc.model import Model, modelcontext
+from pymc.model import modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 
+from pymc_minibatch_mh.adapter.base import MinibatchStep, check_batch_size
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.discrete import category_counts
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.core.barker import BarkerTest, TestOutcome
 from pymc_minibatch_mh.core.buffered import BufferedGenerator
-from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
+from pymc_minibatch_mh.core.correction import CorrectionDistribution
 from pymc_minibatch_mh.core.exact import exact_test
 from pymc_minibatch_mh.core.gibbs import gibbs_t_test, propose_category
+from pymc_minibatch_mh.step_methods.barker import (
+    MinibatchBarker,
+    barker_correction,
+    check_barker_settings,
+)
 
 __all__ = ["MinibatchGibbs", "MinibatchGibbsState"]
 
@@ -141,20 +147,18 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         "updates": (np.int64, []),
         "flips": (np.int64, []),
         "flip_rate": (np.float64, []),
-        "batch_size": (np.int64, []),
+        "batch_size": MinibatchStep.common_stats["batch_size"],
         "rows_per_update": (np.float64, []),
         "max_batch_size": (np.int64, []),
         "full_data_updates": (np.int64, []),
-        "growth_rounds": (np.int64, []),
-        "accept": (np.float64, []),
-        "epsilon": (np.float64, []),
-        "edgeworth": (np.float64, []),
+        # The rest as for the continuous steps (those of the Barker test; p_value as in
+        # MinibatchAustere).
+        **{name: MinibatchStep.common_stats[name] for name in ("growth_rounds", "accept")},
+        **{name: MinibatchBarker.test_stats[name] for name in ("epsilon", "edgeworth")},
         "p_value": (np.float64, []),
-        "nonfinite": (bool, []),
-        "extra_evaluations": (np.int64, []),
-        "temperature": (np.float64, []),
-        "tune": (bool, []),
-        "mean_batch_size": (np.float64, []),
+        **{name: MinibatchStep.common_stats[name] for name in (
+            "nonfinite", "extra_evaluations", "temperature", "tune", "mean_batch_size"
+        )},
     }
 
     def __init__(
@@ -208,12 +212,7 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         self.rng = get_random_generator(rng)
         self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
         self.estimator = RatioEstimator(self.likelihood, self.policy)
-        self.correction = correction if correction is not None else get_correction(float(sigma))
-        if correction is not None and not math.isclose(correction.sigma, sigma):
-            raise ValueError(
-                f"The correction distribution was built for sigma={correction.sigma}, "
-                f"but sigma={sigma} was given."
-            )
+        self.correction = barker_correction(sigma, correction)
         self.sigma = float(sigma)
         self.tolerance = tolerance
         self.early_decision = early_decision
@@ -233,39 +232,12 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
             raise ValueError(f"test must be 'barker', 'austere' or 'exact', got {test!r}.")
         if order not in ("random", "systematic"):
             raise ValueError(f"order must be 'random' or 'systematic', got {order!r}.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        check_batch_size(batch_size)
         if not (isinstance(epsilon, int | float) and 0.0 < epsilon < 0.5):
             raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon!r}.")
-        if not (isinstance(sigma, int | float) and 0.0 < sigma < LOGISTIC_SD):
-            raise ValueError(
-                f"sigma must be in (0, π/√3 ≈ {LOGISTIC_SD:.4f}), got {sigma!r}: the normal "
-                "part of the logistic noise cannot have a larger sd than the logistic itself."
-            )
-        if tolerance is not None and not (0.0 < tolerance < 1.0):
-            raise ValueError(f"tolerance must be in (0, 1) or None, got {tolerance!r}.")
-        if early_decision is not None and not (
-            early_decision > 0 and math.isfinite(early_decision)
-        ):
-            raise ValueError(
-                f"early_decision must be a positive number or None, got {early_decision!r}."
-            )
+        check_barker_settings(sigma, tolerance, early_decision)
 
-    @property
-    def temperature(self) -> float:
-        """K: the likelihood is raised to ``1/K``."""
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        if not (isinstance(value, int | float) and math.isfinite(value)):
-            raise ValueError(f"temperature must be a positive finite number, got {value!r}.")
-        if value <= 0:
-            raise ValueError(f"temperature must be > 0, got {value}.")
-        self._temperature = float(value)
-        self._inv_temperature = np.array(1.0 / self._temperature)
+    temperature = MinibatchStep.temperature  # K, validated; sets 1/K for the steps
 
     # ------------------------------------------------------------- chain hooks
     def _start_chain(self, rng: Any) -> None:
@@ -299,28 +271,7 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
             self.likelihood.check_point(point)
         self._chain_started = True
 
-    def _check_same_model(self, point: Mapping[str, Any]) -> None:
-        lik = self.likelihood
-        wrong = [
-            e.name for e in lik.point_map.entries
-            if e.name not in point or np.shape(point[e.name]) != e.shape
-        ]
-        wrong += [
-            name for name, shared in lik.other_shared.items()
-            if name not in point or np.shape(point[name]) != np.shape(shared.get_value())
-        ]
-        context = Model.get_context(error_if_none=False)
-        other = (
-            context is not None and context is not self.model
-            and {v.name for v in context.value_vars} == {v.name for v in self.model.value_vars}
-        )
-        if wrong or other:
-            raise ModelNotSupportedError(
-                f"This {type(self).__name__} was built for another model"
-                + (f" (variables {wrong} are missing or have other shapes)" if wrong else "")
-                + ": its compiled likelihood uses that model's data. Create the step inside "
-                "`with model:` of the model you sample (or pass model=...)."
-            )
+    _check_same_model = MinibatchStep._check_same_model
 
     # -------------------------------------------------------------------- update
     def update(self, x: np.ndarray, index: int) -> tuple[np.ndarray, TestOutcome]:
