@@ -393,6 +393,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         accept = getattr(outcome, "accept_prob", None)
         if accept is None:
             accept = 1.0 if accepted else 0.0
+        code, rho, step_size = proposal_stats(self.proposal)
         stats = {
             "accepted": 1.0 if accepted else 0.0,
             "accept": accept,
@@ -407,8 +408,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "mean_batch_size": self._chain_batch_total / steps,
             "accept_rate": self._chain_accepted / steps,
             "recentered": recentered > 0,
-            **dict(zip(("proposal", "rho", "step_size"), proposal_stats(self.proposal),
-                       strict=True)),
+            "proposal": code,
+            "rho": rho,
+            "step_size": step_size,
             **self._test_stat_values(outcome),
         }
         if self.tune and self._tune_enabled:
