@@ -36,6 +36,7 @@ from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
+from pymc_minibatch_mh.adapter.progress import note, setup_progress
 from pymc_minibatch_mh.adapter.proposal import Proposal, ScalingTuner
 from pymc_minibatch_mh.adapter.proposal_choice import make_proposal, proposal_stats
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
@@ -188,68 +189,71 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         recenter: float | None = None,
         proposal: Any = None,
     ) -> None:
-        started = time.perf_counter()
-        model = modelcontext(model)
-        if vars is None:
-            vars = model.value_vars
-        self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
-        if self.schedule is not None:
-            temperature = self.schedule(0)[0]
-        self._validate_settings(batch_size=batch_size, temperature=temperature)
-        self.batch_size = int(batch_size)
-        self.likelihood = MinibatchLikelihood(
-            model, vars, initial_point=initial_point, mode=mode, step_name=type(self).__name__
-        )
-        self.vars = self.likelihood.value_vars
-        self.model = model
-        self.scaling = float(scaling)
-        self.tune = bool(tune)
-        self._tune_enabled = bool(tune)
-        self.temperature = float(temperature)
-        self.check_start = bool(check_start)
-        self.rng = get_random_generator(rng)
-        self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
-        #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
-        self.estimator: RatioEstimator = make_estimator(
-            control_variate, self.likelihood, self.policy, reference=reference,
-            recenter=recenter, step_name=type(self).__name__,
-            supported=self.supports_control_variate,
-        )
-        #: The estimator when it has control variates, else None.
-        self.control_variate: TaylorEstimator | None = (
-            self.estimator if isinstance(self.estimator, TaylorEstimator) else None
-        )
-        self.proposal: Proposal = make_proposal(
-            proposal, S, dim=self.likelihood.point_map.size,
-            control_variate=self.control_variate, temperature=self._temperature,
-            gradient=self._surrogate_gradient if self.control_variate is not None else None,
-            log_density=(
-                self._surrogate_log_density if self.control_variate is not None else None
-            ),
-            step=self,
-        )
-        surrogate = hasattr(self.proposal, "surrogate")
-        if surrogate and self.schedule is not None:
-            raise ValueError(
-                f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
-                "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
+        with setup_progress(type(self).__name__):
+            started = time.perf_counter()
+            model = modelcontext(model)
+            if vars is None:
+                vars = model.value_vars
+            self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
+            if self.schedule is not None:
+                temperature = self.schedule(0)[0]
+            self._validate_settings(batch_size=batch_size, temperature=temperature)
+            self.batch_size = int(batch_size)
+            note("compiling the per-row likelihood")
+            self.likelihood = MinibatchLikelihood(
+                model, vars, initial_point=initial_point, mode=mode, step_name=type(self).__name__
             )
-        if target_accept is None:
-            target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
-        self.tuner = ScalingTuner(float(scaling), target=target_accept)
-        #: Wall-clock seconds the step took to build (checks, compilation, and with
-        #: control variates the MAP search and full-data passes).
-        self.setup_seconds = time.perf_counter() - started
-        #: Full passes over the data made while building (with control variates: the MAP
-        #: search and the pass at θ̂; the validation of the split uses a few rows only).
-        self.setup_passes = (
-            getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
-        )
-        self._tuning = True
-        self._started = False
-        self._n_rows = self.likelihood.n_rows_initial
-        self._warned_nonfinite = False
-        self._chain_started = False
+            self.vars = self.likelihood.value_vars
+            self.model = model
+            self.scaling = float(scaling)
+            self.tune = bool(tune)
+            self._tune_enabled = bool(tune)
+            self.temperature = float(temperature)
+            self.check_start = bool(check_start)
+            self.rng = get_random_generator(rng)
+            self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+            #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
+            note("the Δ* estimator")
+            self.estimator: RatioEstimator = make_estimator(
+                control_variate, self.likelihood, self.policy, reference=reference,
+                recenter=recenter, step_name=type(self).__name__,
+                supported=self.supports_control_variate,
+            )
+            #: The estimator when it has control variates, else None.
+            self.control_variate: TaylorEstimator | None = (
+                self.estimator if isinstance(self.estimator, TaylorEstimator) else None
+            )
+            self.proposal: Proposal = make_proposal(
+                proposal, S, dim=self.likelihood.point_map.size,
+                control_variate=self.control_variate, temperature=self._temperature,
+                gradient=self._surrogate_gradient if self.control_variate is not None else None,
+                log_density=(
+                    self._surrogate_log_density if self.control_variate is not None else None
+                ),
+                step=self,
+            )
+            surrogate = hasattr(self.proposal, "surrogate")
+            if surrogate and self.schedule is not None:
+                raise ValueError(
+                    f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
+                    "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
+                )
+            if target_accept is None:
+                target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
+            self.tuner = ScalingTuner(float(scaling), target=target_accept)
+            #: Wall-clock seconds the step took to build (checks, compilation, and with
+            #: control variates the MAP search and full-data passes).
+            self.setup_seconds = time.perf_counter() - started
+            #: Full passes over the data made while building (with control variates: the MAP
+            #: search and the pass at θ̂; the validation of the split uses a few rows only).
+            self.setup_passes = (
+                getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
+            )
+            self._tuning = True
+            self._started = False
+            self._n_rows = self.likelihood.n_rows_initial
+            self._warned_nonfinite = False
+            self._chain_started = False
 
     # ----------------------------------------------------------------- settings
     def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:

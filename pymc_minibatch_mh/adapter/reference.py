@@ -26,6 +26,7 @@ from scipy import optimize
 
 from pymc_minibatch_mh.adapter.graph import checks_as_ninf
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
+from pymc_minibatch_mh.adapter.progress import note
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 
 __all__ = ["MAP_TOLERANCE", "ControlVariateError", "TaylorPasses"]
@@ -130,6 +131,8 @@ class TaylorPasses:
         g = np.zeros(d)
         h = np.zeros((d, d)) if hessian else None
         eye = np.eye(d)
+        note(f"full pass {self.evaluations // self.store.n_rows + 1} over "
+             f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
         for chunk in self.store.chunks():
             value, grad_value = self._value_grad_fn(x, *chunk)
             total += float(value)
