@@ -60,6 +60,8 @@ nitpick_ignore = [
     ("py:class", "pymc.step_methods.compound.StepMethodState"),
     # NumPy's Generator, the base of BufferedGenerator (its private module path).
     ("py:class", "numpy.random._generator.Generator"),
+    # The private base class of the surrogate MALA and HMC proposals.
+    ("py:class", "pymc_minibatch_mh.adapter.proposal_gradient._WhitenedGradientProposal"),
 ]
 exclude_patterns = [
     "_build",
@@ -184,6 +186,8 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.adapter.proposal_surrogate",
     "pymc_minibatch_mh.adapter.proposal_choice",
     "pymc_minibatch_mh.adapter.proposal_sgld",
+    "pymc_minibatch_mh.adapter.proposal_transition",
+    "pymc_minibatch_mh.adapter.progress",
     "pymc_minibatch_mh.adapter.pytensor_internals",
     "pymc_minibatch_mh.adapter.reference",
     "pymc_minibatch_mh.adapter.schedule",

@@ -33,7 +33,7 @@ posterior is not concave in θ, as in the funnel of a hierarchical model, the Ne
 decrement is infinite) the last point reached is accepted: any θ̂ gives an unbiased
 estimator, and what the residuals need is that every ``q̂_i`` is near the bulk of its
 posterior, which holds after L-BFGS-B. The decrement is reported in
-:attr:`PredictorTaylorEstimator.map_decrement` and :attr:`~PredictorTaylorEstimator.map_converged`
+``map_decrement`` and :attr:`~PredictorTaylorEstimator.map_converged`
 (information, not an error).
 
 **Selection** (:func:`select`, used by ``control_variate="taylor"``): this expansion when

@@ -31,7 +31,7 @@ value per row):
   wrappers. Parts of data alone go to the offset ``o`` (never needed numerically). Any
   other operation on a part that depends on both θ and the rows (``exp(b * x)`` inside a
   sum, a product of two such parts, a θ-dependent vector of length N) makes the analysis
-  fail with a :class:`DecompositionError` that says where.
+  fail with a :class:`~pymc_minibatch_mh.adapter.predictor_walk.DecompositionError` that says where.
 
 Graphs here are the model's own (value variables after ``model.replace_rvs_by_values``,
 the model's data variables); :meth:`Predictors.to_rows` rebuilds them on the row batches

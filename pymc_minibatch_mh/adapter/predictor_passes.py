@@ -4,7 +4,7 @@ r"""The full-data passes of the per-row-quantity expansion and its reference poi
 statistics ``A = Σ_i F_iᵀ g_i`` and ``B = Σ_i F_iᵀ H_i F_i`` of the expansion of
 :mod:`~pymc_minibatch_mh.adapter.control_variate_glm` and from them the θ-space gradient
 and Hessian by the chain rule; :class:`PredictorReference` holds them.
-:func:`quantity_derivatives` gives the per-row derivatives in the quantities that both
+``quantity_derivatives`` gives the per-row derivatives in the quantities that both
 the passes and the estimator's per-step function use.
 """
 
@@ -81,7 +81,8 @@ class PredictorPasses(TaylorPasses):
 
     :meth:`reference_at` computes ``A``, ``B`` and the log-likelihood in one pass over
     the row store (chunks; O(K²) memory) and the θ-space gradient and Hessian from them
-    by the chain rule. The MAP search is :meth:`TaylorPasses.find_map`'s, whose Newton
+    by the chain rule. The MAP search is that of
+    :meth:`~pymc_minibatch_mh.adapter.reference.TaylorPasses.find_map`, whose Newton
     steps therefore cost one pass each.
     """
 

@@ -1,6 +1,6 @@
 r"""The decomposition walk of :mod:`~pymc_minibatch_mh.adapter.predictor`.
 
-:class:`_Walker` writes a graph that depends on θ and on per-row data as
+``_Walker`` writes a graph that depends on θ and on per-row data as
 ``Σ_k F_k c_k(θ) + o`` (:class:`Term` blocks of features and coefficients, an offset of
 data only), walking it from the top through the operations listed in
 :mod:`~pymc_minibatch_mh.adapter.predictor`, and raises a :class:`DecompositionError`

@@ -11,7 +11,7 @@
 - ``"mala"`` and ``"hmc"``: Langevin and Hamiltonian moves preconditioned by Σ that follow
   the gradient of the *surrogate* posterior: the closed-form sum of the control variates'
   expansions plus the prior's exact gradient (data-free, so the log-q ratio is exact;
-  :mod:`~pymc_minibatch_mh.adapter.proposal_gradient`); ``scale`` is the step size in
+  :mod:`~pymc_minibatch_mh.adapter.proposal_surrogate`); ``scale`` is the step size in
   units of Σ.
 - ``"auto"`` (the default): ``"crank_nicolson"`` with control variates, ``"random_walk"``
   without (and with control variates when there is no Laplace fit: the Hessian at θ̂ is

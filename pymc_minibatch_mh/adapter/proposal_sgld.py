@@ -1,8 +1,8 @@
 r"""Stochastic-gradient Langevin proposals, corrected by a (minibatch) Metropolis-Hastings test.
 
-Stochastic Gradient Langevin Dynamics (SGLD; Welling and Teh 2011) moves with the
+Stochastic Gradient Langevin Dynamics (SGLD; Welling and Teh 2011 [1]_) moves with the
 gradient of the log posterior estimated on a minibatch and accepts every move; its bias
-grows with the step size. Korattikara, Chen and Welling (2014, §5.4) treat the SGLD move
+grows with the step size. Korattikara, Chen and Welling (2014, §5.4 [2]_) treat the SGLD move
 as a Metropolis-Hastings *proposal*: given a minibatch :math:`X_n` of ``n`` rows drawn
 uniformly without replacement,
 

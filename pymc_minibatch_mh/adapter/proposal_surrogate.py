@@ -30,13 +30,13 @@ Classes
 -------
 GaussianSurrogate
     Mean, covariance, Cholesky factor and precision, with validation (defined in
-    :mod:`pymc_minibatch_mh.adapter.gaussian_surrogate`, re-exported here).
+    ``pymc_minibatch_mh.adapter.gaussian_surrogate``, re-exported here).
 CrankNicolsonProposal
     Preconditioned Crank-Nicolson (autoregressive) moves around θ̂ [1]_; needs no
     gradient.
 SurrogateLangevinProposal
     Preconditioned MALA [2]_ with the gradient of a deterministic (data-free) log
-    density (defined in :mod:`pymc_minibatch_mh.adapter.proposal_gradient`, re-exported
+    density (defined in ``pymc_minibatch_mh.adapter.proposal_gradient``, re-exported
     here).
 SurrogateHMCProposal
     A few leapfrog steps [3]_ with mass matrix Σ⁻¹ on the same gradient (likewise).
