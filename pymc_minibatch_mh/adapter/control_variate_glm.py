@@ -240,8 +240,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     Same interface and settings as
     :class:`~pymc_minibatch_mh.adapter.control_variate.TaylorEstimator` (``reference``,
-    ``recenter``, :attr:`reference`, :meth:`reference_point`,
-    :meth:`laplace_covariance`, :attr:`setup_evaluations`, :attr:`map_decrement`,
+    ``recenter``, the attribute ``reference``, ``reference_point()``,
+    ``laplace_covariance()``, ``setup_evaluations``, ``map_decrement``,
     refusal of changed data at chain start); see the module docstring for the
     expansion and the rule for the reference point.
 
