@@ -164,8 +164,13 @@ def make_proposal(
     return SurrogateTransitionProposal(log_density, gradient, surrogate)
 
 
+_NO_PARAMETERS = (math.nan, math.nan)
+
+
 def proposal_stats(proposal: Any) -> tuple[int, float, float]:
     """``(code, rho, step_size)`` of a proposal for the step's stats (NaN: not its own)."""
     code = PROPOSAL_CODES.get(getattr(proposal, "name", ""), -1)
-    stats = proposal.stats() if hasattr(proposal, "stats") else {}
+    if not hasattr(proposal, "stats"):  # the random walk: nothing tuned but the scale
+        return code, *_NO_PARAMETERS
+    stats = proposal.stats()
     return code, stats.get("rho", math.nan), stats.get("step_size", math.nan)
