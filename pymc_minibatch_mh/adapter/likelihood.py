@@ -93,7 +93,6 @@ class MinibatchLikelihood:
         self.point_map = split.point_map
         self.other_shared = split.other_shared
         self.observed_names = split.observed_names
-        self._observed_data = split.observed_data
         self.n_rows_initial = split.n_rows
         #: The only owner of the per-row data (see :mod:`~pymc_minibatch_mh.adapter.store`).
         self.store = RowStore(split.row_vars)

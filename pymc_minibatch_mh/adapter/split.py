@@ -84,8 +84,6 @@ class ModelSplit:
         their current values.
     observed_names : tuple of str
         Names of the observed variables.
-    observed_data : tuple of Variable
-        The arrays behind the observed values (casts removed).
     other_shared : dict
         Shared variables standing for the free variables the step does not sample.
     point_map : PointMap
@@ -98,7 +96,6 @@ class ModelSplit:
     graphs: LikelihoodGraphs
     row_vars: tuple[Variable, ...]
     observed_names: tuple[str, ...]
-    observed_data: tuple[Variable, ...]
     other_shared: dict[str, SharedVariable]
     point_map: PointMap
     n_rows: int
@@ -226,6 +223,6 @@ def split_model(
     )
     return ModelSplit(
         graphs=graphs, row_vars=tuple(row_vars), observed_names=observed_names,
-        observed_data=observed_data, other_shared=other_shared, point_map=point_map,
+        other_shared=other_shared, point_map=point_map,
         n_rows=n,
     )
