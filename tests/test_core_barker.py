@@ -138,6 +138,41 @@ def test_partial_shuffle_rows_marginally_uniform_and_independent_of_previous_use
     assert stats.chisquare(counts).pvalue > 1e-3
 
 
+def test_partial_shuffle_rows_sparse_and_dense_steps_alternate():
+    """Rejection draws (below a quarter of N) and Fisher–Yates draws (past it), mixed.
+
+    Steps of a few rows (rejection), steps that grow past N/4 within the step (the switch
+    to the dense list, with the previous step's rows still to be forgotten), and whole-data
+    steps, in a random sequence: every step's rows are distinct, and over the sparse steps
+    every row is equally likely, and consecutive steps share rows as often as independent
+    samples do (b₁b₂/N rows on average; a row of the previous step left in the set would
+    make the overlap 0).
+    """
+    n = 1000
+    rng = np.random.default_rng(8)
+    rows = PartialShuffleRows(n, np.random.default_rng(9))
+    counts = np.zeros(n)
+    overlap = expected = variance = 0.0
+    previous = np.empty(0, dtype=np.int64)
+    for _ in range(6000):
+        rows.start_step()
+        kind = rng.integers(0, 10)
+        sizes = [n] if kind == 0 else [100, 300] if kind == 1 else [int(rng.integers(1, 60))]
+        taken = np.concatenate([rows.take(k).copy() for k in sizes])
+        assert np.unique(taken).size == taken.size == sum(sizes)
+        assert 0 <= taken.min() and taken.max() < n
+        if kind > 1:
+            counts[taken] += 1
+            # Hypergeometric overlap with the previous step's rows.
+            k1, k2 = previous.size, taken.size
+            overlap += np.intersect1d(previous, taken).size
+            expected += k1 * k2 / n
+            variance += k1 * k2 / n * (1 - k1 / n) * (n - k2) / (n - 1)
+        previous = taken
+    assert stats.chisquare(counts).pvalue > 1e-3
+    assert abs(overlap - expected) < 4 * math.sqrt(variance), (overlap, expected)
+
+
 def test_partial_shuffle_rows_reproducible():
     a = PartialShuffleRows(1000, np.random.default_rng(4))
     b = PartialShuffleRows(1000, np.random.default_rng(4))

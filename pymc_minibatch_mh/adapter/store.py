@@ -8,7 +8,7 @@ compiled per-row functions take the rows themselves as inputs (see
 :mod:`~pymc_minibatch_mh.adapter.split`), and the store hands them out:
 
 - :meth:`RowStore.take`: the rows of the current step, drawn uniformly without
-  replacement by a partial Fisher–Yates draw
+  replacement, afresh for each step
   (:class:`~pymc_minibatch_mh.core.rows.PartialShuffleRows`), O(rows) per step;
 - :meth:`RowStore.rows`: rows by position;
 - :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views,
