@@ -1,7 +1,7 @@
 """Summaries of a trace's error stats: the exact audit against the reported estimates.
 
 :func:`audit_summary` reads the ``audited``, ``audit_disagree``, ``audit_error``,
-``audit_skew_error`` and ``error_estimate`` stats of a run with ``audit_every`` set
+``audit_kappa3`` and ``error_estimate`` stats of a run with ``audit_every`` set
 (see :mod:`~pymc_minibatch_mh.adapter.audit`) and returns, per chain and over all
 chains, the audit's measurements with confidence intervals next to the mean of the
 error estimates the steps reported.
@@ -53,11 +53,11 @@ def _row(stats: dict[str, np.ndarray], z: float, confidence: float) -> dict[str,
     else:
         row.update(disagree_rate=math.nan, disagree_low=math.nan, disagree_high=math.nan)
     error = audited_values("audit_error").astype(float)
-    skew = audited_values("audit_skew_error").astype(float)
+    kappa3 = audited_values("audit_kappa3").astype(float)
     for name, values in (
         ("error", error),
         ("abs_error", np.abs(error)),
-        ("aligned_error", np.sign(np.nan_to_num(skew)) * error),
+        ("aligned_error", -np.sign(np.nan_to_num(kappa3)) * error),
     ):
         row[f"{name}_mean"], row[f"{name}_low"], row[f"{name}_high"] = _mean_ci(values, z)
     estimate = stats["error_estimate"].astype(float)
@@ -99,9 +99,13 @@ def audit_summary(result: Any, *, confidence: float = 0.95) -> pd.DataFrame:
           from ArviZ's MCSE;
         - ``abs_error_mean`` (``_low``, ``_high``): the mean of ``|audit_error|``;
         - ``aligned_error_mean`` (``_low``, ``_high``): the mean of ``audit_error`` times
-          the sign of ``audit_skew_error`` (the bias the full data's skewness predicts for
-          the step; minibatch Barker test): an unbiased estimate of
-          ``E[sign · bias] ≤ E|bias|`` that signs of opposite errors do not cancel in;
+          ``−sign(audit_kappa3)`` (minibatch Barker test): an unbiased estimate of
+          ``E[−sign(κ₃) · bias] ≤ E|bias|``. With symmetric proposals the skewness of Δ*,
+          and with it the bias, changes sign with the direction of the move, so
+          ``error_mean`` cancels out; a sign that depends on the proposal only (here
+          the direction in which the growth rule biases Δ*, see
+          :func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate`)
+          gives a lower bound of the mean absolute bias that does not;
         - ``error_estimate_mean`` (``_low``, ``_high``): the mean of the steps' reported
           ``error_estimate`` (over all steps; NaN values left out);
         - ``epsilon_mean``: the mean of ``epsilon`` (minibatch Barker test).
@@ -122,7 +126,7 @@ def audit_summary(result: Any, *, confidence: float = 0.95) -> pd.DataFrame:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}.")
     dataset = sample_stats(result)
-    names = ("audited", "audit_disagree", "audit_error", "audit_skew_error", "error_estimate")
+    names = ("audited", "audit_disagree", "audit_error", "audit_kappa3", "error_estimate")
     missing = [name for name in names if name not in dataset]
     if missing:
         raise ValueError(

@@ -16,11 +16,12 @@ records:
     the chain's proposals;
 ``audit_delta``
     the full-data Δ;
-``audit_skew_error``
-    (minibatch Barker test only) the first Edgeworth term of the bias for this proposal
-    and batch size with the *full data's* third cumulant,
-    :func:`~pymc_minibatch_mh.core.acceptance_error.edgeworth_bias`: what the skewness
-    of Δ* alone predicts, signed.
+``audit_kappa3``
+    (minibatch Barker test only) the third cumulant of Δ* for this proposal at the
+    step's batch size, from the full data
+    (:func:`~pymc_minibatch_mh.core.acceptance_error.population_third_cumulant`): the
+    size and the sign of the skewness that the error estimate had to guess from the
+    minibatch. The bias of the test is first-order in it.
 
 The audit's pass is added to the step's ``extra_evaluations`` stat (N rows).
 
@@ -56,7 +57,6 @@ from scipy.special import expit
 
 from pymc_minibatch_mh.core.acceptance_error import (
     barker_accept_probability,
-    edgeworth_bias,
     population_third_cumulant,
 )
 from pymc_minibatch_mh.core.austere import AustereOutcome
@@ -72,7 +72,7 @@ AUDIT_STATS: dict[str, tuple[Any, list[int]]] = {
     "audit_disagree": (bool, []),
     "audit_error": (np.float64, []),
     "audit_delta": (np.float64, []),
-    "audit_skew_error": (np.float64, []),
+    "audit_kappa3": (np.float64, []),
 }
 
 
@@ -126,7 +126,7 @@ class Audit:
     #: Stats of a step that was not audited.
     NOT_AUDITED: ClassVar[dict[str, Any]] = {
         "audited": False, "audit_disagree": False, "audit_error": math.nan,
-        "audit_delta": math.nan, "audit_skew_error": math.nan,
+        "audit_delta": math.nan, "audit_kappa3": math.nan,
     }
 
     def __init__(self, every: int | None) -> None:
@@ -190,7 +190,7 @@ class Audit:
         return {
             "audited": True, "audit_disagree": exact != outcome.accepted,
             "audit_error": float(outcome.accepted) - float(exact), "audit_delta": delta,
-            "audit_skew_error": math.nan,
+            "audit_kappa3": math.nan,
         }
 
     def _barker(
@@ -203,10 +203,10 @@ class Audit:
         p_exact = float(expit(delta)) if math.isfinite(delta) else 0.0
         v = float(self.rng.random())  # type: ignore[union-attr]
         u = (1.0 - p_mb) + p_mb * v if outcome.accepted else (1.0 - p_mb) * v
-        skew = 0.0
+        kappa3 = 0.0
         if not outcome.full_data and math.isfinite(delta):
-            skew = edgeworth_bias(delta, population_third_cumulant(values, outcome.batch_size))
+            kappa3 = population_third_cumulant(values, outcome.batch_size)
         return {
             "audited": True, "audit_disagree": (u > 1.0 - p_exact) != outcome.accepted,
-            "audit_error": p_mb - p_exact, "audit_delta": delta, "audit_skew_error": skew,
+            "audit_error": p_mb - p_exact, "audit_delta": delta, "audit_kappa3": kappa3,
         }

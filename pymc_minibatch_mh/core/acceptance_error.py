@@ -266,7 +266,7 @@ def barker_error_estimate(
         # σ̂ from s² = N²/(N − 1) σ̂² (N − n)/n (σ̂² with divisor N), then μ̂₃ = γ̂ σ̂³.
         sd = math.sqrt(variance * (n_total - 1.0) * n / (n_total**2 * (n_total - n)))
         kappa3 = third_cumulant(abs(skew) * sd**3, n, n_total)
-        estimate += kappa3 * barker_derivative(delta_star, 1)
+        estimate += abs(kappa3) * barker_derivative(delta_star, 1)  # κ₃ < 0 for n > N/2
     if variance < sigma * sigma:
         estimate += table_error
     elif early:
