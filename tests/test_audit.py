@@ -217,7 +217,7 @@ def test_estimate_is_not_optimistic_on_a_skewed_model():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls", [MinibatchBarker, MHSubLhd])
+@pytest.mark.parametrize("cls", [MinibatchBarker, MHSubLhd, AustereMH])
 def test_estimate_is_not_optimistic_on_the_gaussian_mixture(cls):
     from pymc_minibatch_mh.datasets import gaussian_mixture_data, gaussian_mixture_model
 
@@ -231,6 +231,8 @@ def test_estimate_is_not_optimistic_on_the_gaussian_mixture(cls):
                           initvals={"theta": [0.0, 1.0]}, **sample_kwargs(random_seed=3))
     row = audit_summary(idata).loc["all"]
     assert _not_optimistic(row)
-    if cls is MHSubLhd:
-        # Its coupling is exact: the disagreement rate is the rate of wrong decisions.
+    if cls is not MinibatchBarker:
+        # Their coupling is exact: the disagreement rate is the rate of wrong decisions
+        # (measured: MHSubLhd 0 of 1500; AustereMH 0.0053 [0.0027, 0.0105] against a mean
+        # estimate of 0.0063).
         assert row["disagree_low"] <= row["error_estimate_high"]
