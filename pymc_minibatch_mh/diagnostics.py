@@ -1,6 +1,6 @@
 """Summaries of a trace's error stats: the exact audit against the reported estimates.
 
-:func:`audit_summary` reads the ``audited``, ``audit_disagree``, ``audit_error``,
+:func:`~pymc_minibatch_mh.audit_summary` reads the ``audited``, ``audit_disagree``, ``audit_error``,
 ``audit_kappa3`` and ``error_estimate`` stats of a run with ``audit_every`` set
 (see :mod:`~pymc_minibatch_mh.adapter.audit`) and returns, per chain and over all
 chains, the audit's measurements with confidence intervals next to the mean of the

@@ -22,11 +22,13 @@ law of ``Δ* − Δ`` (third cumulant ``κ₃``) moves the acceptance probabilit
     \frac{κ_3}{6}\,g'''(Δ),\qquad |g'''| \le 1/8,
 
 because the test's total noise ``(Δ* − Δ) + X_nc + X_corr`` is logistic up to that term
-(Stein's identity ``E[f(Z) He₃(Z)] = E[f'''(Z)]``). :func:`third_cumulant` gives ``κ₃`` of
+(Stein's identity ``E[f(Z) He₃(Z)] = E[f'''(Z)]``; the expansion: Hall [2]_; its use for
+this test: Seita et al. [1]_). :func:`third_cumulant` gives ``κ₃`` of
 ``Δ*`` for a minibatch of ``n`` of ``N`` rows drawn without replacement;
-:func:`barker_error_estimate` is the per-step estimate the step methods report; and
-:func:`edgeworth_bias` the signed first-order prediction (which the audit evaluates with
-the full data's cumulants).
+:func:`edgeworth_bias` the signed first Edgeworth term; :func:`barker_error_estimate` the
+per-step estimate the step methods report (first order in ``κ₃``, with the other terms
+of that order); the audit records the full data's ``κ₃``
+(:func:`population_third_cumulant`).
 
 References
 ----------
