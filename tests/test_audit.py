@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import sample_kwargs
+from conftest import nan_model, sample_kwargs
 from scipy.special import expit
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker, audit_summary
@@ -148,6 +148,22 @@ def test_audit_is_reproducible_with_a_seed(normal_data):
     for name in AUDIT_STATS:
         np.testing.assert_array_equal(results[0][name].values, results[1][name].values)
     assert results[0]["audit_disagree"].values.any()  # Barker's coupling does disagree
+
+
+@pytest.mark.parametrize("cls", METHODS)
+def test_audit_of_a_nonfinite_model(cls):
+    # Proposals with mu > 0.3 have NaN ratios: both tests reject, so they agree.
+    model = nan_model()
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        step = cls(batch_size=50, S=[0.3], tune=False, audit_every=1, check_start=False)
+        idata = pm.sample(draws=100, tune=0, step=step, chains=1, cores=1,
+                          initvals={"mu": 0.2}, **sample_kwargs())
+    ss = sample_stats(idata)
+    faulty = ss["nonfinite"].values.ravel()
+    assert faulty.any() and ss["audited"].values.all()
+    assert not ss["audit_disagree"].values.ravel()[faulty].any()
+    assert (ss["audit_error"].values.ravel()[faulty] == 0.0).all()
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "3"])
