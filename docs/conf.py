@@ -145,6 +145,7 @@ html_copy_source = False
 PUBLIC_MODULES = [
     "pymc_minibatch_mh",
     "pymc_minibatch_mh.core",
+    "pymc_minibatch_mh.core.acceptance_error",
     "pymc_minibatch_mh.core.austere",
     "pymc_minibatch_mh.core.austere_design",
     "pymc_minibatch_mh.core.austere_error",
@@ -161,6 +162,7 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.core.source",
     "pymc_minibatch_mh.core.subsampling",
     "pymc_minibatch_mh.datasets",
+    "pymc_minibatch_mh.diagnostics",
     "pymc_minibatch_mh.datasets.gaussian_mixture",
     "pymc_minibatch_mh.datasets.mnist",
     "pymc_minibatch_mh.step_methods",
@@ -169,6 +171,7 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.step_methods.exact",
     "pymc_minibatch_mh.step_methods.gibbs",
     "pymc_minibatch_mh.step_methods.subsampling",
+    "pymc_minibatch_mh.adapter.audit",
     "pymc_minibatch_mh.adapter.base",
     "pymc_minibatch_mh.adapter.checks",
     "pymc_minibatch_mh.adapter.compat",

@@ -14,6 +14,7 @@ bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapte
 from pymc_minibatch_mh.adapter.likelihood import ModelNotSupportedError
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
+from pymc_minibatch_mh.diagnostics import audit_summary
 from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
 from pymc_minibatch_mh.step_methods.exact import ExactMH
@@ -32,5 +33,6 @@ __all__ = [
     "ModelNotSupportedError",
     "TemperatureSchedule",
     "__version__",
+    "audit_summary",
     "get_correction",
 ]

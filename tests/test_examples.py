@@ -179,3 +179,17 @@ def test_mrf_conditionals(tmp_path):
     assert set(result["max_error"]) == {"t-test ε = 0.01", "t-test ε = 0.25", "Barker σ = 1"}
     assert 0.0 < result["data_fraction"]["t-test ε = 0.25"] <= 1.0
     assert "Figure 14" in result["table"] and "≤ 0.01" in result["table"]
+
+
+def test_failure_heavy_tails(tmp_path):
+    module = _example("failure_heavy_tails")
+    result = module.main(["--n", "2000", "--draws", "150", "--out", str(tmp_path)])
+    for path in result["files"].values():
+        _written(Path(path))
+    rows = result["results"]
+    assert len(rows) == 3 and "| clean data |" in result["table"]
+    clean, outliers, fixed = (rows[k]["summary"] for k in rows)
+    assert clean["audited"] == outliers["audited"] == 2 * 75
+    # The failure is visible even at this size: the measured bias exceeds the estimate.
+    assert outliers["aligned_error_low"] > outliers["error_estimate_high"]
+    assert fixed["disagree_rate"] == 0.0

@@ -32,11 +32,17 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
+from pymc_minibatch_mh.adapter.audit import AUDIT_STATS, Audit, check_audit_every
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.progress import note, setup_progress
+from pymc_minibatch_mh.adapter.progress import (
+    note,
+    progressbar_config,
+    progressbar_update_functions,
+    setup_progress,
+)
 from pymc_minibatch_mh.adapter.proposal import Proposal, ScalingTuner
 from pymc_minibatch_mh.adapter.proposal_choice import make_proposal, proposal_stats
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
@@ -128,6 +134,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
         ``step -> proposal``; see :mod:`~pymc_minibatch_mh.adapter.proposal_choice`. With a
         surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.
+    audit_every : int, optional
+        Every this many steps, also decide the proposal on the full data, coupled to the
+        minibatch decision (:mod:`~pymc_minibatch_mh.adapter.audit`; the pass is counted
+        in ``extra_evaluations``; the chain's draws are the same). Default: never.
 
     """
 
@@ -159,6 +169,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         "proposal": (np.int64, []),
         "rho": (np.float64, []),
         "step_size": (np.float64, []),
+        **AUDIT_STATS,  # error_estimate and the audit's stats
     }
     #: Stats specific to the test, declared by subclasses.
     test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
@@ -188,6 +199,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         reference: Mapping[str, Any] | None = None,
         recenter: float | None = None,
         proposal: Any = None,
+        audit_every: int | None = None,
     ) -> None:
         with setup_progress(type(self).__name__):
             started = time.perf_counter()
@@ -198,6 +210,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             if self.schedule is not None:
                 temperature = self.schedule(0)[0]
             self._validate_settings(batch_size=batch_size, temperature=temperature)
+            self.audit = Audit(check_audit_every(audit_every, type(self).__name__,
+                                                 self.uses_minibatches))
             self.batch_size = int(batch_size)
             note("compiling the per-row likelihood")
             self.likelihood = MinibatchLikelihood(
@@ -275,6 +289,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     def _start_chain(self, rng: Any) -> None:
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
+        self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
         self.rng = rng = BufferedGenerator(rng)
         self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
         if self.uses_minibatches and self.batch_size > self._n_rows:
@@ -318,6 +333,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
         """The test-specific stats of one outcome (see ``test_stats``)."""
         return {}
+
+    def _error_estimate(self, outcome: Any) -> float:
+        """The ``error_estimate`` stat of one outcome (NaN: the test gives none)."""
+        return math.nan
 
     def _begin_chain(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
         """The chain's first step: checks of the point (and a start outside pm.sample).
@@ -370,13 +389,18 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self.policy.rows if self.uses_minibatches else 0,
         )
         outcome = self._decide(estimator, data_free)
+        audit = self.audit(estimator, data_free, outcome, getattr(self, "correction", None))
         estimator.close(outcome.rounds)
-        return self._complete_step(point, x_prop, outcome, recentered)
+        return self._complete_step(point, x_prop, outcome, recentered + self.audit.rows, audit)
 
     def _complete_step(
-        self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, recentered: int
+        self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, extra: int,
+        audit: Mapping[str, Any],
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The second half of :meth:`step`: the new point, the stats and the tuning."""
+        """The second half of :meth:`step`: the new point, the stats and the tuning.
+
+        ``extra`` counts the rows of a re-centring and of the audit (``audit``, its stats).
+        """
         lik = self.likelihood
         if outcome.nonfinite and not self._warned_nonfinite:
             self._warned_nonfinite = True
@@ -405,16 +429,18 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "growth_rounds": outcome.rounds,
             "full_data": outcome.full_data,
             "nonfinite": outcome.nonfinite,
-            "extra_evaluations": outcome.extra_evaluations + recentered,
+            "extra_evaluations": outcome.extra_evaluations + extra,
             "scaling": self.scaling * self._step_factor,  # the tuner's stat
             "temperature": self._temperature,
             "tune": self.tune,
             "mean_batch_size": self._chain_batch_total / steps,
             "accept_rate": self._chain_accepted / steps,
-            "recentered": recentered > 0,
+            "recentered": extra > self.audit.rows,
             "proposal": code,
             "rho": rho,
             "step_size": step_size,
+            "error_estimate": self._error_estimate(outcome),
+            **audit,
             **self._test_stat_values(outcome),
         }
         if self.tune and self._tune_enabled:
@@ -446,35 +472,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                 "`with model:` of the model you sample (or pass model=...)."
             )
 
-    @staticmethod
-    def _progressbar_config(n_chains: int = 1) -> tuple[list[Any], dict[str, list[Any]]]:
-        from rich.progress import TextColumn
-        from rich.table import Column
-
-        columns = [
-            TextColumn("{task.fields[mean_batch_size]:0.1f}",
-                       table_column=Column("Mean batch", ratio=1)),
-            TextColumn("{task.fields[accept_rate]:0.2f}", table_column=Column("Accept", ratio=1)),
-            TextColumn("{task.fields[scaling]:0.3g}", table_column=Column("Scaling", ratio=1)),
-        ]
-        stats = {
-            "mean_batch_size": [0.0] * n_chains,
-            "accept_rate": [0.0] * n_chains,
-            "scaling": [0.0] * n_chains,
-        }
-        return columns, stats
-
-    @staticmethod
-    def _make_progressbar_update_functions() -> tuple[Any, ...]:
-        def update_stats(step_stats: Mapping[str, Any]) -> dict[str, Any]:
-            return {
-                "mean_batch_size": step_stats["mean_batch_size"],
-                "accept_rate": step_stats["accept_rate"],
-                "scaling": step_stats["scaling"],
-                "failing": bool(step_stats["nonfinite"]),
-            }
-
-        return (update_stats,)
+    # The progress bar's columns and their values (PyMC's hooks).
+    _progressbar_config = staticmethod(progressbar_config)
+    _make_progressbar_update_functions = staticmethod(progressbar_update_functions)
 
     @staticmethod
     def competence(var: Any, has_grad: bool) -> Competence:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["note", "setup_progress"]
+__all__ = ["note", "progressbar_config", "progressbar_update_functions", "setup_progress"]
 
 _ACTIVE: ContextVar[_SetupProgress | None] = ContextVar("setup_progress", default=None)
 
@@ -84,3 +84,56 @@ def note(text: str) -> None:
     progress = _ACTIVE.get()
     if progress is not None:
         progress.update(text)
+
+
+def progressbar_config(n_chains: int = 1) -> tuple[list[Any], dict[str, list[Any]]]:
+    """The columns a minibatch step adds to PyMC's progress bar, and their initial values.
+
+    Parameters
+    ----------
+    n_chains : int
+        Number of chains.
+
+    Returns
+    -------
+    tuple
+        ``(columns, stats)``: ``rich`` columns for the running mean batch size, acceptance
+        rate and proposal scale, and one initial value per chain for each.
+
+    """
+    from rich.progress import TextColumn
+    from rich.table import Column
+
+    columns = [
+        TextColumn("{task.fields[mean_batch_size]:0.1f}",
+                   table_column=Column("Mean batch", ratio=1)),
+        TextColumn("{task.fields[accept_rate]:0.2f}", table_column=Column("Accept", ratio=1)),
+        TextColumn("{task.fields[scaling]:0.3g}", table_column=Column("Scaling", ratio=1)),
+    ]
+    stats = {
+        "mean_batch_size": [0.0] * n_chains,
+        "accept_rate": [0.0] * n_chains,
+        "scaling": [0.0] * n_chains,
+    }
+    return columns, stats
+
+
+def progressbar_update_functions() -> tuple[Any, ...]:
+    """The function that maps a step's stats to the progress bar's fields (PyMC's hook).
+
+    Returns
+    -------
+    tuple
+        One function, ``stats -> fields``.
+
+    """
+
+    def update_stats(step_stats: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "mean_batch_size": step_stats["mean_batch_size"],
+            "accept_rate": step_stats["accept_rate"],
+            "scaling": step_stats["scaling"],
+            "failing": bool(step_stats["nonfinite"]),
+        }
+
+    return (update_stats,)

@@ -135,6 +135,12 @@ class AustereMH(MinibatchStep):
             self.rng, estimator, data_free, batch_size=self.batch_size, epsilon=self.epsilon
         )
 
+    def _error_estimate(self, outcome: AustereOutcome) -> float:
+        # The one-sided p-value the test stopped at (core.acceptance_error).
+        if outcome.full_data:
+            return 0.0
+        return outcome.p_value if outcome.batch_size else math.nan
+
     def _test_stat_values(self, outcome: AustereOutcome) -> dict[str, Any]:
         return {
             "mean_ratio": outcome.mean,

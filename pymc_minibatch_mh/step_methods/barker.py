@@ -10,8 +10,10 @@ import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
 from pymc_minibatch_mh.adapter.estimator import RatioEstimator
+from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate
 from pymc_minibatch_mh.core.barker import BarkerOutcome, BarkerTest
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
+from pymc_minibatch_mh.core.moments import EDGEWORTH_SUP
 
 __all__ = ["MinibatchBarker"]
 
@@ -164,6 +166,15 @@ class MinibatchBarker(MinibatchStep):
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> BarkerOutcome:
         return self._test(self.rng, estimator, data_free)
+
+    def _error_estimate(self, outcome: BarkerOutcome) -> float:
+        # |skew| of the minibatch from the edgeworth stat, |γ̂| · EDGEWORTH_SUP / (6 √n).
+        n = outcome.batch_size
+        skew = outcome.edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP if n else 0.0
+        return barker_error_estimate(
+            outcome.delta_star, outcome.variance, skew, n, self._n_rows, self.correction.error,
+            sigma=self.sigma, early=outcome.early,
+        )
 
     def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:
         return {

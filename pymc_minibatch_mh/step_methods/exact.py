@@ -59,5 +59,8 @@ class ExactMH(MinibatchStep):
     def _decide(self, estimator: RatioEstimator, data_free: float) -> ExactOutcome:
         return exact_test(self.rng, estimator, data_free, test=self.test)
 
+    def _error_estimate(self, outcome: ExactOutcome) -> float:
+        return 0.0  # the exact test
+
     def _test_stat_values(self, outcome: ExactOutcome) -> dict[str, Any]:
         return {"delta": outcome.delta, "log_u": outcome.log_u}

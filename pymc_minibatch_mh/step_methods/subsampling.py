@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
 from pymc_minibatch_mh.adapter.estimator import RatioEstimator
+from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
 
 __all__ = ["MHSubLhd"]
@@ -119,6 +121,11 @@ class MHSubLhd(MinibatchStep):
             range_bound=bound,
             bernstein_serfling=self.bernstein_serfling,
         )
+
+    def _error_estimate(self, outcome: MHSubLhdOutcome) -> float:
+        n = outcome.batch_size
+        std = outcome.std * (n / (n - 1.0)) ** 0.5 if n > 1 else math.nan  # ddof = 1
+        return threshold_error_estimate(outcome.mean, outcome.psi, std, n, self._n_rows)
 
     def _test_stat_values(self, outcome: MHSubLhdOutcome) -> dict[str, Any]:
         return {
