@@ -122,6 +122,7 @@ class BarkerOutcome(TestOutcome):
     accept_prob: float
 
 
+@numba.njit(cache=True, nogil=True)
 def barker_probability(delta: float) -> float:
     """Barker's acceptance probability ``g(Δ) = 1 / (1 + exp(-Δ))``, overflow-safe.
 
