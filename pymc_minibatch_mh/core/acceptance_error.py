@@ -42,9 +42,8 @@ from __future__ import annotations
 import math
 
 import numba
-
 import numpy as np
-from scipy.special import expit, stdtr
+from scipy.special import stdtr
 from scipy.stats import moment
 
 from pymc_minibatch_mh.core.barker import CorrectionSampler, barker_probability
