@@ -89,11 +89,12 @@ def test_barker_test_stops_where_the_rules_say(settings, seed):
         source.start_step()
         source.buffered = prefetch_rows
         outcome = test(np.random.default_rng(0), source, 0.3)
-        drawn = values[source.rows.order[: outcome.batch_size]]
+        # The step's rows in the order drawn, continued by the rows it would draw next.
+        rows = source.rows
+        used = rows.used_in_step
+        order = np.concatenate([rows.order[:used], rows.take(n_total - used)])
         n, delta_star, variance, was_early = brute_force_barker(
-            drawn if outcome.full_data else np.concatenate(
-                [drawn, values[source.rows.order[outcome.batch_size:]]]),
-            m, 0.3, 1.0, tolerance, early,
+            values[order], m, 0.3, 1.0, tolerance, early,
         )
         assert outcome.batch_size == n
         assert outcome.delta_star == pytest.approx(delta_star, rel=1e-9, abs=1e-9)
