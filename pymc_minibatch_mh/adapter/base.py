@@ -128,6 +128,13 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
         ``step -> proposal``; see :mod:`~pymc_minibatch_mh.adapter.proposal_choice`. With a
         surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.
+    data : dict, optional
+        Per-row data larger than memory, ``{name: array}`` with names of the model's
+        ``pm.Data`` (or observed) variables and arrays that are ``.npy`` paths or memmaps,
+        Zarr arrays, :class:`~pymc_minibatch_mh.adapter.sources.ParquetColumn` or Dask
+        arrays. The model is built on a small in-memory slice of the rows (for shapes and
+        dtypes); every per-row array must be given. See the guide's "Data bigger than
+        memory" page.
 
     """
 
@@ -188,6 +195,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         reference: Mapping[str, Any] | None = None,
         recenter: float | None = None,
         proposal: Any = None,
+        data: Mapping[str, Any] | None = None,
     ) -> None:
         with setup_progress(type(self).__name__):
             started = time.perf_counter()
@@ -201,7 +209,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self.batch_size = int(batch_size)
             note("compiling the per-row likelihood")
             self.likelihood = MinibatchLikelihood(
-                model, vars, initial_point=initial_point, mode=mode, step_name=type(self).__name__
+                model, vars, initial_point=initial_point, mode=mode,
+                step_name=type(self).__name__, data=data,
             )
             self.vars = self.likelihood.value_vars
             self.model = model
