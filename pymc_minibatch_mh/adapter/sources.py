@@ -106,10 +106,12 @@ def _file_stamp(path: Path) -> tuple[Any, ...]:
     if path.is_file():
         st = path.stat()
         return (st.st_size, st.st_mtime_ns)
-    files = [p for p in path.rglob("*") if p.is_file()]
-    stats = [p.stat() for p in files]
-    return (len(files), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats),
-                                                            default=0))
+    count = size = latest = 0
+    for root, _, names in os.walk(path):  # streamed: O(1) memory for any number of chunks
+        for name in names:
+            st = os.stat(os.path.join(root, name))
+            count, size, latest = count + 1, size + st.st_size, max(latest, st.st_mtime_ns)
+    return (count, size, latest)
 
 
 def check_missing(name: str, block: NDArray[Any], start: int) -> None:
@@ -313,7 +315,8 @@ def open_source(name: str, value: Any) -> NDArray[Any] | NpyFile | _Chunked:
     name : str
         The data's name in the model.
     value : array_like, str, Path, zarr.Array or ParquetColumn
-        The data.
+        The data. A memmap of a ``.npy`` file stands for the file (a replaced file is
+        read afresh at the next chain start).
 
     Returns
     -------
@@ -335,14 +338,12 @@ def open_source(name: str, value: Any) -> NDArray[Any] | NpyFile | _Chunked:
             )
         return NpyFile(value)
     if isinstance(value, np.memmap) and getattr(value, "filename", None):
-        if str(value.filename).endswith(".npy") and value.offset and value.ndim >= 1:
-            npy = NpyFile(value.filename)
-            if npy.array.shape == value.shape and npy.array.dtype == value.dtype:
-                return npy
-        raise DataStoreError(
-            f"data[{name!r}] is a memmap that is not a whole .npy file: give the path of a "
-            ".npy file (np.save), or np.load(path, mmap_mode='r')."
-        )
+        if not str(value.filename).endswith(".npy"):
+            raise DataStoreError(
+                f"data[{name!r}] is a memmap of {value.filename}, not of a .npy file: save "
+                "the data with np.save and give its path (or np.load(path, mmap_mode='r'))."
+            )
+        return NpyFile(value.filename)  # the file, followed when it is replaced
     if isinstance(value, ParquetColumn):
         return _ParquetSource(name, value)
     if type(value).__module__.startswith("zarr"):
