@@ -179,3 +179,16 @@ def test_mrf_conditionals(tmp_path):
     assert set(result["max_error"]) == {"t-test ε = 0.01", "t-test ε = 0.25", "Barker σ = 1"}
     assert 0.0 < result["data_fraction"]["t-test ε = 0.25"] <= 1.0
     assert "Figure 14" in result["table"] and "≤ 0.01" in result["table"]
+
+
+def test_out_of_core_zarr_example_at_a_small_size(tmp_path):
+    pytest.importorskip("zarr")
+    module = _example("out_of_core_zarr")
+    result = module.main(["--n", "20000", "--chunk", "3000", "--draws", "300", "--tune", "100",
+                          "--dir", str(tmp_path / "data")])
+    assert result["n"] == 20000 and result["d"] == 10
+    assert (tmp_path / "data" / "X.zarr").is_dir()  # a given --dir is kept
+    assert 0.0 < result["peak_rss_gib"] < 4.0
+    assert result["setup_passes"] >= 2 and result["seconds_per_step"] > 0
+    assert np.all(np.isfinite(result["posterior_mean"]))
+    assert result["ess_per_second"] > 0
