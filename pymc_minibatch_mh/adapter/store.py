@@ -242,7 +242,7 @@ class RowStore:
             )
 
     def check_unchanged(self, what: str = "a full pass") -> None:
-        """Raise :class:`DataChangedError` if a ``data=`` source changed since the chain start."""
+        """Raise :class:`~pymc_minibatch_mh.adapter.sources.DataChangedError` on a change."""
         for i, (stamp, array, source, _) in self._opened.items():
             if stamp != self._stamp(source, array):
                 raise DataChangedError(
