@@ -196,6 +196,8 @@ PUBLIC_MODULES = [
     "pymc_minibatch_mh.adapter.schedule",
     "pymc_minibatch_mh.adapter.split",
     "pymc_minibatch_mh.adapter.store",
+    "pymc_minibatch_mh.adapter.sources",
+    "pymc_minibatch_mh.adapter.store_dask",
 ]
 UNDOCUMENTED_OK = {"__version__"}
 

@@ -13,6 +13,7 @@ bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapte
 
 from pymc_minibatch_mh.adapter.likelihood import ModelNotSupportedError
 from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
+from pymc_minibatch_mh.adapter.sources import ParquetColumn
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.diagnostics import audit_summary
 from pymc_minibatch_mh.step_methods.austere import AustereMH
@@ -31,6 +32,7 @@ __all__ = [
     "MinibatchBarker",
     "MinibatchGibbs",
     "ModelNotSupportedError",
+    "ParquetColumn",
     "TemperatureSchedule",
     "__version__",
     "audit_summary",

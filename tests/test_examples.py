@@ -193,3 +193,16 @@ def test_failure_heavy_tails(tmp_path):
     # The failure is visible even at this size: the measured bias exceeds the estimate.
     assert outliers["aligned_error_low"] > outliers["error_estimate_high"]
     assert fixed["disagree_rate"] == 0.0
+
+
+def test_out_of_core_zarr_example_at_a_small_size(tmp_path):
+    pytest.importorskip("zarr")
+    module = _example("out_of_core_zarr")
+    result = module.main(["--n", "20000", "--chunk", "3000", "--draws", "300", "--tune", "100",
+                          "--dir", str(tmp_path / "data")])
+    assert result["n"] == 20000 and result["d"] == 10
+    assert (tmp_path / "data" / "X.zarr").is_dir()  # a given --dir is kept
+    assert 0.0 < result["peak_rss_gib"] < 4.0
+    assert result["setup_passes"] >= 2 and result["seconds_per_step"] > 0
+    assert np.all(np.isfinite(result["posterior_mean"]))
+    assert result["ess_per_second"] > 0

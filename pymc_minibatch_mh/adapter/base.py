@@ -33,6 +33,7 @@ from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
 from pymc_minibatch_mh.adapter.audit import AUDIT_STATS, Audit, check_audit_every
+from pymc_minibatch_mh.adapter.checks import check_batch_size, check_temperature
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
@@ -138,6 +139,13 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         Every this many steps, also decide the proposal on the full data, coupled to the
         minibatch decision (:mod:`~pymc_minibatch_mh.adapter.audit`; the pass is counted
         in ``extra_evaluations``; the chain's draws are the same). Default: never.
+    data : dict, optional
+        Per-row data larger than memory, ``{name: array}`` with names of the model's
+        ``pm.Data`` (or observed) variables and arrays that are ``.npy`` paths or memmaps,
+        Zarr arrays, :class:`~pymc_minibatch_mh.adapter.sources.ParquetColumn` or Dask
+        arrays. The model is built on a small in-memory slice of the rows (for shapes and
+        dtypes); every per-row array must be given. See the guide's "Data bigger than
+        memory" page.
 
     """
 
@@ -200,6 +208,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         recenter: float | None = None,
         proposal: Any = None,
         audit_every: int | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> None:
         with setup_progress(type(self).__name__):
             started = time.perf_counter()
@@ -215,7 +224,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self.batch_size = int(batch_size)
             note("compiling the per-row likelihood")
             self.likelihood = MinibatchLikelihood(
-                model, vars, initial_point=initial_point, mode=mode, step_name=type(self).__name__
+                model, vars, initial_point=initial_point, mode=mode,
+                step_name=type(self).__name__, data=data,
             )
             self.vars = self.likelihood.value_vars
             self.model = model
@@ -483,18 +493,3 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             return Competence.COMPATIBLE
         return Competence.INCOMPATIBLE
 
-
-def check_batch_size(batch_size: Any) -> None:
-    """Raise ValueError for a ``batch_size`` that is not a positive integer."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-
-
-def check_temperature(temperature: Any) -> None:
-    """Raise ValueError for a temperature K that is not a positive finite number."""
-    if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}.")

@@ -6,6 +6,7 @@ what to do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,8 +22,10 @@ from pymc_minibatch_mh.adapter.graph import leading_length, observed_source, op_
 
 __all__ = [
     "ModelNotSupportedError",
+    "check_batch_size",
     "check_observed",
     "check_potentials",
+    "check_temperature",
     "check_terms_split",
     "check_variables",
     "observed_length",
@@ -278,3 +281,24 @@ def _validate_rows(
             "scalings, sorting, cumulative sums, lags) beforehand and pass them as data, "
             "or sample this model with NUTS."
         )
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int; ValueError unless it is a positive integer."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    return int(batch_size)
+
+
+def check_temperature(temperature: Any) -> float:
+    """A temperature K as a float; ValueError unless it is a positive finite number."""
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, int | float | np.integer | np.floating)
+        and math.isfinite(temperature)
+    ):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    return float(temperature)

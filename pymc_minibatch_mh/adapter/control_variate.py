@@ -266,7 +266,7 @@ class TaylorEstimator(RatioEstimator):
                     f"recenter= needs the Laplace metric at the reference point: {err}"
                 ) from None
         self._set_reference(ref)
-        self._data = self.store.arrays
+        self._data = self.store.snapshot()
 
     def _make_passes(self) -> TaylorPasses:
         """The full-data passes (MAP search, sums at θ̂) of this expansion."""
@@ -343,16 +343,14 @@ class TaylorEstimator(RatioEstimator):
 
         """
         super().start_chain(rng, batch_size)
-        for var, value, now in zip(self.store.row_vars, self._data, self.store.arrays,
-                                   strict=True):
-            if now is value:
-                continue
-            if now.shape != value.shape or not np.array_equal(now, value):
-                raise ControlVariateError(
-                    f"The data {var.name!r} changed since this {self.step_name} was "
-                    "built (pm.set_data). The control variates' full-data sums belong to "
-                    f"the old data: build the {self.step_name} again after changing data."
-                )
+        changed = self.store.changed_since(self._data)
+        if changed:
+            raise ControlVariateError(
+                f"The data {changed[0]!r} changed since this {self.step_name} was built "
+                "(pm.set_data, or the array given with data=). The control variates' "
+                f"full-data sums belong to the old data: build the {self.step_name} again "
+                "after changing data."
+            )
         if self.reference is not self.initial_reference:
             self._set_reference(self.initial_reference)
 

@@ -29,10 +29,10 @@ from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.adapter.checks import ModelNotSupportedError, validate_split
 from pymc_minibatch_mh.adapter.compat import default_mode
-from pymc_minibatch_mh.adapter.graph import checks_as_ninf
+from pymc_minibatch_mh.adapter.graph import checks_as_ninf, observed_source
 from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
 from pymc_minibatch_mh.adapter.split import split_model
-from pymc_minibatch_mh.adapter.store import RowStore
+from pymc_minibatch_mh.adapter.store import RowStore, make_store, resolve_data
 
 __all__ = ["MinibatchLikelihood", "ModelNotSupportedError"]
 
@@ -58,6 +58,9 @@ class MinibatchLikelihood:
         Accept discrete sampled variables (only the discrete step methods set it; the
         continuous ones refuse them, see
         :func:`~pymc_minibatch_mh.adapter.checks.check_variables`).
+    data : dict, optional
+        Per-row data read instead of the model's (``{name: array}``; the model then holds
+        a slice of the rows, for shapes), see :mod:`~pymc_minibatch_mh.adapter.sources`.
 
     Raises
     ------
@@ -76,6 +79,7 @@ class MinibatchLikelihood:
         mode: Any = None,
         step_name: str = "MinibatchBarker",
         allow_discrete: bool = False,
+        data: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.step_name = step_name
@@ -93,9 +97,13 @@ class MinibatchLikelihood:
         self.point_map = split.point_map
         self.other_shared = split.other_shared
         self.observed_names = split.observed_names
-        self.n_rows_initial = split.n_rows
+        aliases = {rv.name: observed_source(model.rvs_to_values[rv])
+                   for rv in model.observed_RVs}
         #: The only owner of the per-row data (see :mod:`~pymc_minibatch_mh.adapter.store`).
-        self.store = RowStore(split.row_vars)
+        self.store = make_store(split.row_vars, resolve_data(split.row_vars, data, aliases))
+        # The split is validated on the model's own data (with data=: its slice).
+        model_rows = RowStore(split.row_vars) if data else self.store
+        self.n_rows_initial = self.store.n_rows
 
         g = self.graphs
         self._delta_fn = self.compile(
@@ -111,9 +119,10 @@ class MinibatchLikelihood:
         # The model's own terms on all rows (not split): the reference for validation.
         self._model_fn = self.compile([g.flat], g.full_loglik, mode="FAST_COMPILE")
         validate_split(
-            model, point, n_rows=self.n_rows_initial, set_point=self._set_point,
-            full_loglik=self._model_fn, rows_loglik=self.row_loglik,
-            data_lengths=self.data_lengths,
+            model, point, n_rows=split.n_rows, set_point=self._set_point,
+            full_loglik=self._model_fn,
+            rows_loglik=lambda x, rows: self._rows_fn(x, *model_rows.rows(rows)),
+            data_lengths=model_rows.lengths,
         )
         self._structure = self._model_structure()
 

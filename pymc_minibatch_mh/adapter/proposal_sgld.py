@@ -41,6 +41,7 @@ import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.gradient import grad
 
+from pymc_minibatch_mh.adapter.checks import check_batch_size, check_temperature
 from pymc_minibatch_mh.adapter.graph import checks_as_ninf
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
@@ -52,24 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["StochasticLangevinProposal"]
 
 _Vec = NDArray[np.float64]
-
-
-def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    return int(batch_size)
-
-
-def _check_temperature(temperature: Any) -> float:
-    if isinstance(temperature, bool) or not (
-        isinstance(temperature, int | float | np.floating | np.integer)
-        and math.isfinite(temperature)
-        and temperature > 0
-    ):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}.")
-    return float(temperature)
 
 
 class StochasticLangevinProposal:
@@ -164,8 +147,8 @@ class StochasticLangevinProposal:
             )
         self.likelihood = likelihood
         self.store = likelihood.store
-        self.batch_size = _check_batch_size(batch_size)
-        self.temperature = _check_temperature(temperature)
+        self.batch_size = check_batch_size(batch_size)
+        self.temperature = check_temperature(temperature)
         self.dim = likelihood.point_map.size
         self._check_rows(self.store.n_rows)
         self._rows: PartialShuffleRows | None = None

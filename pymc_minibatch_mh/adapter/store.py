@@ -1,27 +1,33 @@
 """The row store: the one owner of a model's per-row data and of each chain's row draws.
 
 The observed data and the covariates of length N live in the model (``pm.Data`` shared
-variables or NumPy constants). :class:`RowStore` reads their *current* values at every
-chain start (:meth:`RowStore.refresh`), so whatever ``pm.set_data`` put there, at any
-size, is what the chain uses; no other copy of the data exists in the package. The
-compiled per-row functions take the rows themselves as inputs (see
-:mod:`~pymc_minibatch_mh.adapter.split`), and the store hands them out:
+variables or NumPy constants), or, for data larger than memory, in arrays given to the step
+with ``data=`` (``.npy`` files, Zarr arrays, Parquet columns; see
+:mod:`~pymc_minibatch_mh.adapter.sources`, and :mod:`~pymc_minibatch_mh.adapter.store_dask`
+for Dask arrays). :class:`RowStore` reads their *current* values at every chain start
+(:meth:`RowStore.refresh`), so whatever ``pm.set_data`` put there, at any size, is what the
+chain uses; no other copy of the data exists in the package. The compiled per-row functions
+take the rows themselves as inputs (see :mod:`~pymc_minibatch_mh.adapter.split`), and the
+store hands them out:
 
 - :meth:`RowStore.take`: the rows of the current step, drawn uniformly without
   replacement, afresh for each step
-  (:class:`~pymc_minibatch_mh.core.rows.PartialShuffleRows`), O(rows) per step;
+  (:class:`~pymc_minibatch_mh.core.rows.PartialShuffleRows`), O(rows) per step; from a
+  ``.npy`` file only those rows are read;
 - :meth:`RowStore.rows`: rows by position;
 - :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views,
-  no copy), for the start-point check, the MAP search, the control variates' sums and
-  tests that need every row;
+  no copy; pages of mapped files are handed back after each chunk), for the start-point
+  check, the MAP search, the control variates' sums and tests that need every row;
 - ``RowStore.n_rows``: N.
 
-That interface is the seam where data that do not fit in memory can plug in.
+Data given with ``data=`` carry a stamp (shape, file sizes and modification times),
+compared at each chain start and before and after each full pass: a change is followed
+at a chain start (a new N included) and refused during a chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,12 +36,103 @@ from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.adapter.checks import ModelNotSupportedError
 from pymc_minibatch_mh.adapter.graph import data_value
+from pymc_minibatch_mh.adapter.sources import (
+    DataChangedError,
+    DataStoreError,
+    NpyFile,
+    check_missing,
+    is_dask,
+    open_source,
+)
 from pymc_minibatch_mh.core.rows import PartialShuffleRows
 
-__all__ = ["FULL_PASS_CHUNK", "RowStore"]
+__all__ = ["FULL_PASS_CHUNK", "RowStore", "make_store", "resolve_data"]
 
 #: Rows per call when a whole pass over the data is evaluated (bounded memory).
 FULL_PASS_CHUNK = 1 << 18
+#: Rows taken by steps after which the pages of mapped files they touched are handed back.
+RELEASE_EVERY = 1 << 16
+
+
+def resolve_data(
+    row_vars: Sequence[Variable], data: Mapping[str, Any] | None,
+    aliases: Mapping[str, Variable] | None = None,
+) -> dict[int, tuple[str, Any]]:
+    """Match the entries of ``data=`` to the model's per-row data variables.
+
+    Parameters
+    ----------
+    row_vars : sequence of Variable
+        The model's per-row data variables.
+    data : mapping, optional
+        ``{name: array}``; a name is a ``pm.Data`` name or the name of an observed
+        variable (for its observed data).
+    aliases : mapping, optional
+        Other names of row variables (observed variable name → its data).
+
+    Returns
+    -------
+    dict
+        Position in ``row_vars`` → (name, value).
+
+    Raises
+    ------
+    DataStoreError
+        For names the model does not have as per-row data, or per-row data left out.
+
+    """
+    if not data:
+        return {}
+    names = {var.name: var for var in row_vars if var.name}
+    names.update({k: v for k, v in (aliases or {}).items() if v in row_vars})
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise DataStoreError(
+            f"data= names {unknown}, which are not per-row data of the model (its per-row "
+            f"data are {sorted(names)}). Use the names of the pm.Data variables (or of the "
+            "observed variables) whose rows the arrays hold."
+        )
+    out: dict[int, tuple[str, Any]] = {}
+    for name, value in data.items():
+        i = list(row_vars).index(names[name])
+        if i in out:
+            raise DataStoreError(f"data= gives {out[i][0]!r} and {name!r} for the same data.")
+        out[i] = (name, value)
+    missing = [var.name or next((k for k, v in names.items() if v is var), "observed data")
+               for i, var in enumerate(row_vars) if i not in out]
+    if missing:
+        raise DataStoreError(
+            f"data= must give every per-row array of the model; missing: {missing}. The "
+            "model holds only a slice of the rows, so these would have the wrong length: "
+            "add them to data= (e.g. as pm.Data built on the same slice)."
+        )
+    return out
+
+
+def make_store(
+    row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None
+) -> RowStore:
+    """The row store for the data: a :class:`RowStore`, or a Dask store for Dask arrays.
+
+    Parameters
+    ----------
+    row_vars : sequence of Variable
+        The model's per-row data variables.
+    data : dict, optional
+        From :func:`resolve_data`.
+
+    Returns
+    -------
+    RowStore
+        :class:`~pymc_minibatch_mh.adapter.store_dask.DaskRowStore` when one of the
+        arrays is a Dask array (the others are then read through Dask too).
+
+    """
+    if data and any(is_dask(value) for _, value in data.values()):
+        from pymc_minibatch_mh.adapter.store_dask import DaskRowStore
+
+        return DaskRowStore(row_vars, data)
+    return RowStore(row_vars, data)
 
 
 class RowStore:
@@ -46,32 +143,133 @@ class RowStore:
     row_vars : sequence of Variable
         The model's per-row data variables (shared variables or constants), in the order
         of the compiled functions' row inputs.
+    data : dict, optional
+        Position in ``row_vars`` → (name, array): data read instead of the model's values
+        (see :func:`resolve_data` and :mod:`~pymc_minibatch_mh.adapter.sources`); the
+        model then holds a slice of the rows, for shapes and dtypes.
 
     Attributes
     ----------
     arrays : tuple of numpy.ndarray
         The current data, one C-contiguous array per row variable (the model's own arrays
-        when they are already C-contiguous; a copy otherwise).
+        when they are already C-contiguous, a copy otherwise; read-only maps of ``.npy``
+        files for data given with ``data=``).
     n_rows : int
         N, the common leading length.
 
     """
 
-    def __init__(self, row_vars: Sequence[Variable]) -> None:
+    def __init__(
+        self, row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None
+    ) -> None:
         self.row_vars = tuple(row_vars)
+        self.data = dict(data or {})
         self.arrays: tuple[NDArray[Any], ...] = ()
         self.n_rows = 0
         self._sampler: PartialShuffleRows | None = None
+        # The model's placeholders of the data= entries: pm.Data on them is refused.
+        self._placeholders = {i: data_value(self.row_vars[i]) for i in self.data}
+        # Position → (stamp, array, source with a stamp, mapped local file).
+        self._opened: dict[int, tuple[Any, Any, Any, NpyFile | None]] = {}
+        # data= arrays not yet checked for missing values (at their first full pass).
+        self._unchecked: set[int] = set()
+        self._casts: tuple[np.dtype | None, ...] = ()
+        self._taken = 0
         self.refresh()
+
+    def name(self, i: int) -> str:
+        """The name of the ``i``-th per-row array (for messages)."""
+        return self.data[i][0] if i in self.data else (self.row_vars[i].name or f"data {i}")
 
     def lengths(self) -> dict[str, int | None]:
         """Leading lengths of the data variables' current values, by name."""
         out: dict[str, int | None] = {}
-        for var in self.row_vars:
-            value = data_value(var)
-            out.setdefault(var.name or "data", int(value.shape[0]) if value.ndim else None)
+        for i, var in enumerate(self.row_vars):
+            value = self._opened[i][1] if i in self._opened else data_value(var)
+            out.setdefault(self.name(i), int(value.shape[0]) if value.ndim else None)
         return out
 
+    # -------------------------------------------------------------- data= sources
+    def _open(self, i: int) -> NDArray[Any]:
+        """The array of a ``data=`` entry, (re)opened when its stamp changed."""
+        name, value = self.data[i]
+        self._check_placeholder(i)
+        opened = self._opened.get(i)
+        if opened is not None and opened[0] == self._stamp(opened[2], opened[1]):
+            return opened[1]
+        source = open_source(name, value)
+        copied = hasattr(source, "copy_to_npy")  # checked for missing values while copied
+        local = source.copy_to_npy() if copied else source
+        array = local.array if isinstance(local, NpyFile) else local
+        self._check_array(i, array)
+        stamp_of = source if hasattr(source, "stamp") else None
+        self._opened[i] = (self._stamp(stamp_of, array), array, stamp_of,
+                           local if isinstance(local, NpyFile) else None)
+        if not copied:
+            self._unchecked.add(i)
+        return array
+
+    def _check_placeholder(self, i: int) -> None:
+        """Refuse ``pm.set_data`` on a model variable whose rows come from ``data=``."""
+        name = self.data[i][0]
+        now = data_value(self.row_vars[i])
+        old = self._placeholders[i]
+        if now is not old and (now.shape != old.shape or not np.array_equal(now, old)):
+            raise DataStoreError(
+                f"pm.set_data changed {name!r}, but this step reads {name!r} from data=, "
+                "so the change would be ignored. Change the array given in data= (the step "
+                "follows it at the next chain start) or build the step again."
+            )
+
+    @staticmethod
+    def _stamp(source: Any, array: NDArray[Any]) -> Any:
+        return source.stamp() if source is not None else (array.shape, id(array))
+
+    def _check_array(self, i: int, array: NDArray[Any]) -> None:
+        name, var = self.name(i), self.row_vars[i]
+        slice_ = self._placeholders[i]
+        if array.ndim != slice_.ndim or array.shape[1:] != slice_.shape[1:]:
+            raise DataStoreError(
+                f"data[{name!r}] has rows of shape {array.shape[1:]}, but the model's "
+                f"{name!r} has rows of shape {slice_.shape[1:]}. Build the model on a slice "
+                f"of the same array (e.g. pm.Data({name!r}, store[:1000]))."
+            )
+        if not np.can_cast(array.dtype, var.dtype, "safe"):
+            raise DataStoreError(
+                f"data[{name!r}] has dtype {array.dtype}, which cannot be cast safely to the "
+                f"model's {var.dtype}. Store the data as {var.dtype}, or build the model on a "
+                "slice of the same array so that the dtypes agree."
+            )
+
+    def check_unchanged(self, what: str = "a full pass") -> None:
+        """Raise :class:`~pymc_minibatch_mh.adapter.sources.DataChangedError` on a change."""
+        for i, (stamp, array, source, _) in self._opened.items():
+            if stamp != self._stamp(source, array):
+                raise DataChangedError(
+                    f"The data {self.name(i)!r} changed on disk during {what} of a running "
+                    "chain (its shape, size or modification time differs from the chain "
+                    "start). Rows from before and after the change must not be mixed: let "
+                    "the store be, or start the sampling again after changing it."
+                )
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """What identifies the current data: the arrays, or the stamps of ``data=`` sources."""
+        return tuple(self._opened[i][0] if i in self._opened else a
+                     for i, a in enumerate(self.arrays))
+
+    def changed_since(self, snapshot: tuple[Any, ...]) -> list[str]:
+        """Names of the per-row arrays that differ from ``snapshot`` (:meth:`snapshot`)."""
+        changed = []
+        for i, (old, now) in enumerate(zip(snapshot, self.snapshot(), strict=True)):
+            if i in self._opened:
+                same = old == now
+            else:
+                same = now is old or (now.shape == old.shape and np.array_equal(now, old))
+            if not same:
+                changed.append(self.name(i))
+        return changed
+
+    # -------------------------------------------------------------- chain start
     def refresh(self) -> int:
         """Read the data variables' current values (after ``pm.set_data``); return N.
 
@@ -79,33 +277,49 @@ class RowStore:
         ------
         ModelNotSupportedError
             If the arrays no longer share one leading length.
+        DataStoreError
+            For ``data=`` entries of the wrong shape or dtype, with missing values, or
+            whose model placeholder was changed with ``pm.set_data``.
 
         """
-        values = [data_value(var) for var in self.row_vars]
+        values = [self._open(i) if i in self.data else data_value(var)
+                  for i, var in enumerate(self.row_vars)]
         lengths = {
-            var.name or f"data {i}": int(v.shape[0]) if v.ndim else None
-            for i, (var, v) in enumerate(zip(self.row_vars, values, strict=True))
+            self.name(i): int(v.shape[0]) if v.ndim else None for i, v in enumerate(values)
         }
         distinct = set(lengths.values())
         if len(distinct) != 1 or None in distinct:
+            how = ("Give arrays with the same number of rows in data=." if self.data else
+                   "When you change data with pm.set_data, change every array of the "
+                   "observation dimension together (one pm.set_data call with all of them).")
             raise ModelNotSupportedError(
                 f"The observed data and covariates have different numbers of rows: {lengths}. "
-                "When you change data with pm.set_data, change every array of the "
-                "observation dimension together (one pm.set_data call with all of them)."
+                + how
             )
         n = distinct.pop()
         if n < 2:  # type: ignore[operator]
             raise ModelNotSupportedError(
                 f"The observed data has {n} rows; a minibatch step needs at least 2."
             )
-        self.arrays = tuple(np.ascontiguousarray(v) for v in values)
+        self.arrays = tuple(v if i in self.data else np.ascontiguousarray(v)
+                            for i, v in enumerate(values))
+        self._casts = tuple(None if a.dtype == var.dtype else np.dtype(var.dtype)
+                            for a, var in zip(self.arrays, self.row_vars, strict=True))
+        if not any(self._casts):
+            self._casts = ()
         self.n_rows = int(n)  # type: ignore[arg-type]
         return self.n_rows
 
     @property
     def nbytes(self) -> int:
-        """Memory taken by the data arrays, in bytes."""
+        """Memory (or mapped file bytes) taken by the data arrays."""
         return sum(int(a.nbytes) for a in self.arrays)
+
+    def release(self, start: int = 0, stop: int | None = None) -> None:
+        """Hand the pages of mapped ``.npy`` files back to the kernel (rows start:stop)."""
+        for opened in self._opened.values():
+            if opened[3] is not None:
+                opened[3].release(start, stop)
 
     # ------------------------------------------------------------ chain and step
     def start_chain(self, rng: np.random.Generator) -> None:
@@ -116,18 +330,50 @@ class RowStore:
         """Open a step: rows taken from now on are new to it."""
         self._sampler.start_step()  # type: ignore[union-attr]
 
+    def _cast(self, rows: list[NDArray[Any]]) -> tuple[NDArray[Any], ...]:
+        return tuple([r if c is None else r.astype(c)
+                      for r, c in zip(rows, self._casts, strict=True)])
+
     def take(self, count: int) -> tuple[NDArray[Any], ...]:
         """``count`` rows not yet taken in this step, uniformly at random, one per array."""
         idx = self._sampler.take(count)  # type: ignore[union-attr]
+        if self.data:
+            return self._take_sourced(idx)
         return tuple([a[idx] for a in self.arrays])  # fancy indexing: cheaper than np.take
+
+    def _take_sourced(self, idx: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
+        self._taken += idx.shape[0]
+        if self._taken >= RELEASE_EVERY:  # bound the resident pages per-step reads touched
+            self._taken = 0
+            self.release()
+        rows = [a[idx] for a in self.arrays]
+        return self._cast(rows) if self._casts else tuple(rows)
 
     def rows(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         """The rows at ``positions`` (row indices of the data), one array per variable."""
-        return tuple([a[positions] for a in self.arrays])
+        rows = [a[positions] for a in self.arrays]
+        return self._cast(rows) if self._casts else tuple(rows)
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
-        """A full pass: consecutive chunks of at most ``size`` rows (views, no copies)."""
+        """A full pass: consecutive chunks of at most ``size`` rows (views, no copies).
+
+        For data given with ``data=``: the stamps are checked before and after the pass,
+        the mapped pages of each chunk are handed back after it (bounded memory), and the
+        first complete pass after opening an array checks it for missing values (NaN).
+        """
         n = self.n_rows
+        sourced = bool(self.data)
+        if sourced:
+            self.check_unchanged()
+        unchecked = sorted(self._unchecked)
         for start in range(0, n, size):
             stop = min(n, start + size)
-            yield tuple([a[start:stop] for a in self.arrays])
+            chunk = [a[start:stop] for a in self.arrays]
+            for i in unchecked:
+                check_missing(self.name(i), chunk[i], start)
+            yield self._cast(chunk) if self._casts else tuple(chunk)
+            if sourced:
+                self.release(start, stop)
+        if sourced:
+            self.check_unchanged()
+            self._unchecked.difference_update(unchecked)

@@ -20,7 +20,8 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep, check_batch_size
+from pymc_minibatch_mh.adapter.base import MinibatchStep
+from pymc_minibatch_mh.adapter.checks import check_batch_size
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.discrete import category_counts
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
