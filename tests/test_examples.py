@@ -179,3 +179,17 @@ def test_mrf_conditionals(tmp_path):
     assert set(result["max_error"]) == {"t-test ε = 0.01", "t-test ε = 0.25", "Barker σ = 1"}
     assert 0.0 < result["data_fraction"]["t-test ε = 0.25"] <= 1.0
     assert "Figure 14" in result["table"] and "≤ 0.01" in result["table"]
+
+
+def test_skew_correction(tmp_path):
+    module = _example("skew_correction")
+    result = module.main([
+        "--n", "5000", "--replications", "300", "--batch-sizes", "100,1000",
+        "--out", str(tmp_path),
+    ])
+    _written(tmp_path / "skew_correction.png")
+    _written(tmp_path / "skew_correction.md")
+    assert len(result["rows"]) == 4
+    for row in result["rows"]:
+        for label in ("plain", "skew"):
+            assert np.isfinite(row[label]["max_error"]) and row[label]["se"] > 0
