@@ -139,9 +139,9 @@ def acceptance_probability(
     ``P(Δ* + T + X_corr > 0)`` for the top-up ``T`` of :func:`skew_topup` (variance
     ``σ² − s²``, third cumulant ``skew``) and ``X_corr`` the correction distribution:
     ``Σ_j w_j Φ((Δ* + y_j)/√v)`` for a Gaussian top-up, and with the regularised incomplete
-    gamma functions (:func:`scipy.special.gammaincc`, :func:`scipy.special.gammainc`) for a
+    gamma functions (``scipy.special.gammaincc``, ``scipy.special.gammainc``) for a
     gamma one. Where ``s² ≥ σ²`` (all rows used, or an early decision) the test draws a
-    logistic and the probability is ``g(Δ*)`` (:func:`scipy.special.expit`).
+    logistic and the probability is ``g(Δ*)`` (``scipy.special.expit``).
 
     Parameters
     ----------
