@@ -206,3 +206,17 @@ def test_out_of_core_zarr_example_at_a_small_size(tmp_path):
     assert result["setup_passes"] >= 2 and result["seconds_per_step"] > 0
     assert np.all(np.isfinite(result["posterior_mean"]))
     assert result["ess_per_second"] > 0
+
+
+def test_skew_correction(tmp_path):
+    module = _example("skew_correction")
+    result = module.main([
+        "--n", "5000", "--replications", "300", "--batch-sizes", "100,1000",
+        "--out", str(tmp_path),
+    ])
+    _written(tmp_path / "skew_correction.png")
+    _written(tmp_path / "skew_correction.md")
+    assert len(result["rows"]) == 4
+    for row in result["rows"]:
+        for label in ("plain", "skew"):
+            assert np.isfinite(row[label]["max_error"]) and row[label]["se"] > 0

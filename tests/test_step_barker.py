@@ -26,6 +26,8 @@ EXPECTED_STATS = {
     "growth_rounds": np.int64,
     "full_data": np.bool_,
     "early_decision": np.bool_,
+    "skew": np.float64,
+    "skew_fallback": np.bool_,
     "nonfinite": np.bool_,
     "extra_evaluations": np.int64,
     "scaling": np.float64,

@@ -198,7 +198,8 @@ class Audit:
     ) -> dict[str, Any]:
         used_logistic = outcome.full_data or outcome.early
         p_mb = barker_accept_probability(
-            outcome.delta_star, outcome.variance, correction, exact=used_logistic
+            outcome.delta_star, outcome.variance, correction, exact=used_logistic,
+            skew=outcome.skew,
         )
         p_exact = float(expit(delta)) if math.isfinite(delta) else 0.0
         v = float(self.rng.random())  # type: ignore[union-attr]

@@ -47,7 +47,7 @@ from scipy.special import stdtr
 from scipy.stats import moment
 
 from pymc_minibatch_mh.core.barker import CorrectionSampler, barker_probability
-from pymc_minibatch_mh.core.correction_solvers import mixture_sf
+from pymc_minibatch_mh.core.skew import acceptance_probability
 
 __all__ = [
     "barker_accept_probability",
@@ -94,7 +94,8 @@ def barker_derivative(delta: float, order: int) -> float:
 
 
 def barker_accept_probability(
-    delta_star: float, variance: float, correction: CorrectionSampler | None, *, exact: bool
+    delta_star: float, variance: float, correction: CorrectionSampler | None, *, exact: bool,
+    skew: float = 0.0,
 ) -> float:
     """The minibatch Barker test's acceptance probability given its minibatch.
 
@@ -109,12 +110,17 @@ def barker_accept_probability(
     exact : bool
         Whether the test decided with a logistic draw (all rows used, or ``s² ≥ σ²``
         after an early decision): the probability is then ``g(Δ*)``.
+    skew : float
+        Third cumulant of the top-up the skew-corrected test drew (its ``skew`` stat);
+        0: the Gaussian top-up.
 
     Returns
     -------
     float
-        ``P(Δ* + X_nc + X_corr > 0 | Δ*, s²)`` with ``X_nc ~ N(0, σ² − s²)``, ``X_corr ~ C_σ``
-        (as :func:`~pymc_minibatch_mh.core.barker.barker_decision` decides); 0 for a
+        ``P(Δ* + X_nc + X_corr > 0 | Δ*, s²)`` with ``X_nc`` the top-up (variance
+        ``σ² − s²``, third cumulant ``skew``) and ``X_corr ~ C_σ``, as
+        :func:`~pymc_minibatch_mh.core.barker.barker_decision` decides
+        (:func:`~pymc_minibatch_mh.core.skew.acceptance_probability`); 0 for a
         non-finite or NaN Δ* other than ``+inf`` (such steps reject).
 
     Examples
@@ -127,12 +133,12 @@ def barker_accept_probability(
     """
     if not math.isfinite(delta_star) or math.isnan(variance):
         return 0.0
-    sigma2 = correction.sigma**2 if correction is not None else 0.0
-    if exact or correction is None or variance >= sigma2:
+    if exact or correction is None:
         return barker_probability(delta_star)
-    sd = math.sqrt(sigma2 - variance)
-    return float(mixture_sf(np.array([-delta_star]), correction.support,  # type: ignore[attr-defined]
-                            correction.weights, sd)[0])  # type: ignore[attr-defined]
+    return float(acceptance_probability(
+        delta_star, variance, correction.support, correction.weights,  # type: ignore[attr-defined]
+        correction.sigma, skew,
+    ))
 
 
 @numba.njit(cache=True)

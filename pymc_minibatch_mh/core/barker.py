@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numba
 import numpy as np
 
-from pymc_minibatch_mh.core.moments import chunk_moments, clt_error_bound, merge_moments
+from pymc_minibatch_mh.core.moments import (
+    chunk_moments,
+    clt_error_bound,
+    merge_moments,
+    merge_third_moment,
+    third_moment_sum,
+)
+from pymc_minibatch_mh.core.skew import skew_topup, skew_topup_cumulant
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = [
@@ -111,6 +118,11 @@ class BarkerOutcome(TestOutcome):
         Whether the early-decision rule ended the step.
     accept_prob : float
         ``g(Δ*)``, the Barker acceptance probability at the estimate.
+    skew : float
+        Third cumulant of the top-up noise the decision used (0: Gaussian or none).
+    skew_fallback : bool
+        Whether the skew-corrected test fell back to the Gaussian top-up (``σ² − s²`` too
+        small for the third cumulant needed, :mod:`~pymc_minibatch_mh.core.skew`).
 
     """
 
@@ -120,6 +132,8 @@ class BarkerOutcome(TestOutcome):
     edgeworth: float
     early: bool
     accept_prob: float
+    skew: float = 0.0
+    skew_fallback: bool = False
 
 
 @numba.njit(cache=True, nogil=True)
@@ -157,6 +171,7 @@ def barker_decision(
     correction: CorrectionSampler,
     *,
     full_data: bool,
+    skew: float = 0.0,
 ) -> bool:
     """The decision of the minibatch Barker test once the minibatch is fixed.
 
@@ -172,6 +187,8 @@ def barker_decision(
         ``C_σ``; its ``sigma`` is σ.
     full_data : bool
         Whether Δ* = Δ (every row was used).
+    skew : float, optional
+        Third cumulant of the top-up ``X_nc`` (:func:`~.skew_topup`); 0: ``N(0, σ² − s²)``.
 
     Returns
     -------
@@ -184,26 +201,17 @@ def barker_decision(
     if full_data or variance >= sigma2:
         # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
         return bool(delta_star + rng.logistic() > 0.0)
-    # sd · N(0, 1): the same value as rng.normal(0, sd), with less call overhead.
-    x_nc = math.sqrt(sigma2 - variance) * rng.standard_normal()
+    # sd · N(0, 1) (the same value as rng.normal(0, sd)), or the skewed top-up.
+    x_nc = skew_topup(rng, sigma2 - variance, skew)
     return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
 
 
 @numba.njit(cache=True, nogil=True)
 def barker_rounds(
-    block: np.ndarray,
-    buf: np.ndarray,
-    n: int,
-    mean: float,
-    m2: float,
-    rounds: int,
-    n_total: int,
-    batch_size: int,
-    data_free: float,
-    sigma2: float,
-    tolerance: float,
-    early_decision: float,
-) -> tuple[int, int, int, float, float, int, float, float, float, float]:  # pragma: no cover
+    block: np.ndarray, buf: np.ndarray, n: int, mean: float, m2: float, rounds: int,
+    n_total: int, batch_size: int, data_free: float, sigma2: float, tolerance: float,
+    early_decision: float, skew: bool = False, m3: float = 0.0,
+) -> tuple[Any, ...]:  # pragma: no cover
     """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
 
     The stopping rules of the test, implemented once: rounds of ``min(batch_size, N − n)``
@@ -230,15 +238,19 @@ def barker_rounds(
         Stop only once ``ε ≤ tolerance`` too; a value ≤ 0 turns this off.
     early_decision : float
         Threshold of the early-decision rule; a value ≤ 0 turns it off.
+    skew, m3 : bool, float, optional
+        The skew-corrected test, and its state (the sum of cubed deviations so far): at a
+        stop with ``s² < σ²``, :func:`~pymc_minibatch_mh.core.skew.skew_topup_cumulant`.
 
     Returns
     -------
     tuple
-        ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth)``
-        with ``status`` one of :data:`NEED_MORE`, :data:`DONE`, :data:`EARLY`,
-        :data:`STOPPED` and ``used`` the rows of ``block`` consumed. ``epsilon`` and
-        ``edgeworth`` (see :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`) are
-        computed when the test stops short of N rows.
+        ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
+        m3, kappa, fallback)`` with ``status`` one of :data:`NEED_MORE`, :data:`DONE`,
+        :data:`EARLY`, :data:`STOPPED` and ``used`` the rows of ``block`` consumed.
+        ``epsilon`` and ``edgeworth`` (see
+        :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`) are computed when the test
+        stops short of N rows; ``kappa`` is the top-up's third cumulant (0 on a fallback).
 
     """
     fpc_scale = n_total * n_total / (n_total - 1.0) if n_total > 1 else 0.0
@@ -249,27 +261,37 @@ def barker_rounds(
     while True:
         count = min(batch_size, n_total - n)
         if pos + count > length:
-            return NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0
+            return (NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0, m3,
+                    0.0, False)
         chunk = block[pos : pos + count]
         buf[n : n + count] = chunk
         c_mean, c_m2 = chunk_moments(chunk)
         pos += count
         rounds += 1
+        if skew:
+            c_m3 = third_moment_sum(chunk, c_mean)
+            m3 = merge_third_moment(n, mean, m2, m3, count, c_mean, c_m2, c_m3)
         n, mean, m2 = merge_moments(n, mean, m2, count, c_mean, c_m2)
         delta_star = n_total * mean + data_free
         if not math.isfinite(delta_star) or math.isnan(m2):
-            return STOPPED, pos, n, mean, m2, rounds, delta_star, math.nan, math.nan, math.nan
+            return (STOPPED, pos, n, mean, m2, rounds, delta_star, math.nan, math.nan, math.nan,
+                    m3, 0.0, False)
         if n >= n_total:
-            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0
+            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False
         # s² = N² · var̂ / n · (1 − (n − 1)/(N − 1)) = N²/(N − 1) · var̂ · (N − n)/n
         variance = fpc_scale * (m2 / (n - 1)) * (n_total - n) / n if n > 1 else math.inf
         if variance < sigma2:
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
             if tolerance <= 0.0 or epsilon <= tolerance:
-                return DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth
+                kappa, fallback = 0.0, False
+                if skew:
+                    kappa, fallback = skew_topup_cumulant(n, n_total, m3, sigma2 - variance)
+                return (DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon,
+                        edgeworth, m3, 0.0 if fallback else kappa, fallback)
         if early_decision > 0.0 and abs(delta_star) >= early_decision * math.sqrt(variance):
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
-            return EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth
+            return (EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
+                    m3, 0.0, False)
 
 
 def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: float) -> int:
@@ -310,6 +332,10 @@ class BarkerTest:
         ``E|g(Δ*) − g(Δ)|``: with threshold 5 this is 7.3e-3 at s = 1, 1.5e-3 at
         s = 1.5, 3.2e-4 at s = 2 and 2.6e-5 at s = 3 (and 4.4e-2 at s = 1 with threshold
         3), far above the correction table's error; hence off by default.
+    skew_correction : bool, default False
+        Draw the top-up ``X_nc`` skewed (a centred gamma variable with the variance
+        ``σ² − s²`` and the third cumulant estimated from the minibatch) so that the first
+        Edgeworth term of the test's error cancels; see :mod:`~pymc_minibatch_mh.core.skew`.
 
     Notes
     -----
@@ -330,8 +356,8 @@ class BarkerTest:
 
     """
 
-    __slots__ = ("batch_size", "correction", "early_decision", "tolerance", "_buf",
-                 "_settings")
+    __slots__ = ("batch_size", "correction", "early_decision", "tolerance", "skew_correction",
+                 "_buf", "_settings")
 
     def __init__(
         self,
@@ -339,17 +365,20 @@ class BarkerTest:
         correction: CorrectionSampler,
         tolerance: float | None = None,
         early_decision: float | None = None,
+        skew_correction: bool = False,
     ) -> None:
         self.batch_size = int(batch_size)
         self.correction = correction
         self.tolerance = tolerance
         self.early_decision = early_decision
+        self.skew_correction = bool(skew_correction)
         sigma = correction.sigma
         # σ², tolerance and threshold as the compiled rounds take them (≤ 0: off).
         self._settings = (
             sigma * sigma,
             float(tolerance) if tolerance is not None else -1.0,
             float(early_decision) if early_decision is not None else -1.0,
+            self.skew_correction,
         )
         self._buf = np.empty(1024)
 
@@ -375,7 +404,7 @@ class BarkerTest:
             The decision and the test's statistics.
 
         """
-        sigma2, tolerance, early = self._settings
+        sigma2, tolerance, early, skew = self._settings
         n = rounds = 0
         delta_star, variance, epsilon, edgeworth = data_free, 0.0, 0.0, 0.0
         # -inf: the proposal is outside the prior's support; no data are needed.
@@ -385,17 +414,17 @@ class BarkerTest:
         buffered = source.buffered
         count = min(n_total, max(m, buffered - buffered % m))
         buf = self._buf
-        mean = m2 = 0.0
+        mean = m2 = m3 = kappa = 0.0
+        fallback = False
         while status == NEED_MORE:
             if buf.shape[0] < n + count:
                 grown = np.empty(max(n + count, 2 * buf.shape[0]))
                 grown[:n] = buf[:n]
                 buf = self._buf = grown
-            status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth = (
-                barker_rounds(
-                    source.draw_values(count), buf, n, mean, m2, rounds, n_total, m,
-                    data_free, sigma2, tolerance, early,
-                )
+            (status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth, m3,
+             kappa, fallback) = barker_rounds(
+                source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
+                sigma2, tolerance, early, skew, m3,
             )
             if status == NEED_MORE:
                 count = growth_rows(n, variance, n_total, m, sigma2)
@@ -406,14 +435,14 @@ class BarkerTest:
             variance = epsilon = edgeworth = 0.0 if n == 0 else math.nan
         else:
             accepted = barker_decision(
-                rng, delta_star, variance, self.correction, full_data=n >= n_total
+                rng, delta_star, variance, self.correction, full_data=n >= n_total, skew=kappa
             )
             nonfinite, accept_prob = False, barker_probability(delta_star)
         return BarkerOutcome(
             accepted=accepted, batch_size=n, rounds=rounds, full_data=n >= n_total,
             nonfinite=nonfinite, extra_evaluations=0, delta_star=delta_star,
             variance=variance, epsilon=epsilon, edgeworth=edgeworth, early=status == EARLY,
-            accept_prob=accept_prob,
+            accept_prob=accept_prob, skew=kappa, skew_fallback=fallback,
         )
 
 
@@ -426,6 +455,7 @@ def barker_test(
     correction: CorrectionSampler,
     tolerance: float | None = None,
     early_decision: float | None = None,
+    skew_correction: bool = False,
 ) -> BarkerOutcome:
     """Run one minibatch Barker test (see :class:`BarkerTest` for the settings).
 
@@ -445,6 +475,8 @@ def barker_test(
         See :class:`BarkerTest`.
     early_decision : float, optional
         See :class:`BarkerTest`.
+    skew_correction : bool, optional
+        See :class:`BarkerTest`.
 
     Returns
     -------
@@ -452,5 +484,8 @@ def barker_test(
         The decision and the test's statistics.
 
     """
-    test = BarkerTest(batch_size, correction, tolerance=tolerance, early_decision=early_decision)
+    test = BarkerTest(
+        batch_size, correction, tolerance=tolerance, early_decision=early_decision,
+        skew_correction=skew_correction,
+    )
     return test(rng, source, data_free)

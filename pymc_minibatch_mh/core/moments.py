@@ -26,6 +26,8 @@ __all__ = [
     "clt_error_bound",
     "finite_population_factor",
     "merge_moments",
+    "merge_third_moment",
+    "third_moment_sum",
 ]
 
 #: ``sup_x |(2x² + 1) φ(x)|``, attained at ``x² = 3/2``; used by the Edgeworth estimate.
@@ -111,6 +113,81 @@ def merge_moments(
     total = n + count
     diff = c_mean - mean
     return total, mean + diff * count / total, m2 + (c_m2 + diff * diff * n * count / total)
+
+
+@numba.njit(cache=True, nogil=True)
+def third_moment_sum(values: NDArray[np.float64], mean: float) -> float:
+    """Sum of cubed deviations ``Σ (v_i − mean)³`` of one chunk (compiled).
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        One-dimensional float64 array.
+    mean : float
+        Their mean (as :func:`chunk_moments` gives it).
+
+    Returns
+    -------
+    float
+        The sum (0.0 for an empty array).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> third_moment_sum(np.array([1.0, 2.0, 6.0]), 3.0)
+    18.0
+
+    """
+    m3 = 0.0
+    for i in range(values.shape[0]):
+        d = values[i] - mean
+        m3 += d * d * d
+    return m3
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_third_moment(
+    n: int, mean: float, m2: float, m3: float, count: int, c_mean: float, c_m2: float,
+    c_m3: float,
+) -> float:
+    """Sum of cubed deviations of the union of two sets of values (compiled).
+
+    The companion of :func:`merge_moments` for the third moment (Pébay 2008, eq. 2.1):
+    with ``diff = c_mean − mean`` and ``t = n + count``,
+    ``m3 + c_m3 + diff³ · n · count · (n − count) / t² + 3 · diff · (n · c_m2 − count · m2) / t``.
+
+    Parameters
+    ----------
+    n, mean, m2, m3 : int, float, float, float
+        Count, mean, sums of squared and of cubed deviations of the values so far.
+    count, c_mean, c_m2, c_m3 : int, float, float, float
+        The same for the new chunk.
+
+    Returns
+    -------
+    float
+        The sum of cubed deviations of all the values from their mean (``c_m3`` when
+        ``n = 0``).
+
+    References
+    ----------
+    .. [1] Pébay, P. (2008). Formulas for robust, one-pass parallel computation of
+       covariances and arbitrary-order statistical moments. Sandia Report SAND2008-6212.
+
+    Examples
+    --------
+    >>> merge_third_moment(2, 1.5, 0.5, 0.0, 1, 6.0, 0.0, 0.0)
+    18.0
+
+    """
+    if n == 0:
+        return c_m3
+    total = n + count
+    diff = c_mean - mean
+    return (
+        m3 + c_m3 + diff * diff * diff * n * count * (n - count) / (total * total)
+        + 3.0 * diff * (n * c_m2 - count * m2) / total
+    )
 
 
 def finite_population_factor(n: int, n_total: int) -> float:

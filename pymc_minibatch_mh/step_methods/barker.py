@@ -66,6 +66,12 @@ class MinibatchBarker(MinibatchStep):
     correction : CorrectionDistribution, optional
         The correction distribution; by default the table shipped for ``sigma`` (or one
         built on the fly). Its L∞ error is ``step.correction.error``.
+    skew_correction : bool, default False
+        The skew-corrected test: the top-up noise ``X_nc`` is a centred gamma variable with
+        the variance ``σ² − s²`` and the third cumulant that cancels the first Edgeworth
+        term of the test's error, estimated from the minibatch (falling back to the
+        Gaussian top-up when ``σ² − s²`` is too small for it). See
+        :mod:`~pymc_minibatch_mh.core.skew` and the guide's calibration page.
     model, rng, initial_point, mode, check_start, prefetch
         See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`; every step method
         takes these, and ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``.
@@ -77,7 +83,8 @@ class MinibatchBarker(MinibatchStep):
     of Novak's bound on the normal-approximation error: an estimate from the minibatch's
     own moments, not a bound; above 1 the normal approximation cannot be trusted),
     ``edgeworth`` (sharper Edgeworth estimate of the same error),
-    ``delta_star`` (Δ*), ``delta_variance`` (s²), ``growth_rounds``, ``full_data``,
+    ``delta_star`` (Δ*), ``delta_variance`` (s²), ``skew`` (third cumulant of the top-up
+    noise; 0 unless ``skew_correction``), ``skew_fallback``, ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
     ``scaling`` (the effective proposal scale), ``temperature``, and the chain's running
     ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).
@@ -112,6 +119,8 @@ class MinibatchBarker(MinibatchStep):
         "delta_star": (np.float64, []),
         "delta_variance": (np.float64, []),
         "early_decision": (bool, []),
+        "skew": (np.float64, []),
+        "skew_fallback": (bool, []),
     }
 
     def __init__(
@@ -123,11 +132,13 @@ class MinibatchBarker(MinibatchStep):
         tolerance: float | None = None,
         early_decision: float | None = None,
         correction: CorrectionDistribution | None = None,
+        skew_correction: bool = False,
         **kwargs: Any,
     ) -> None:
         check_barker_settings(sigma, tolerance, early_decision)
         self.correction = barker_correction(sigma, correction)
         self.sigma = float(sigma)
+        self.skew_correction = bool(skew_correction)
         self._tolerance = tolerance
         self._early_decision = early_decision
         super().__init__(vars, batch_size=batch_size, **kwargs)
@@ -157,7 +168,7 @@ class MinibatchBarker(MinibatchStep):
         # The core test with the step's settings (rebuilt when one of them changes).
         self._test = BarkerTest(
             self.batch_size, self.correction, tolerance=self._tolerance,
-            early_decision=self._early_decision,
+            early_decision=self._early_decision, skew_correction=self.skew_correction,
         )
 
     def _start_chain(self, rng: Any) -> None:
@@ -183,6 +194,8 @@ class MinibatchBarker(MinibatchStep):
             "delta_star": outcome.delta_star,
             "delta_variance": outcome.variance,
             "early_decision": outcome.early,
+            "skew": outcome.skew,
+            "skew_fallback": outcome.skew_fallback,
         }
 
 
