@@ -20,7 +20,7 @@ from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.adapter import sources
-from pymc_minibatch_mh.adapter.compat import posterior
+from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
 from pymc_minibatch_mh.adapter.sources import DataChangedError, DataStoreError, ParquetColumn
 from pymc_minibatch_mh.adapter.store import RowStore, make_store, resolve_data
 
@@ -371,3 +371,27 @@ def test_row_store_without_data_is_unchanged(data):
     x, y = data
     store = store_of(logistic_model(x, y), None)
     assert type(store) is RowStore and not store.data
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_the_audit_reads_the_store_and_equals_the_in_memory_audit(kind, data, tmp_path):
+    """audit_every with data=: the full-data pass streams through the store's chunks."""
+    x, y = data
+
+    def audit_stats(kind):
+        store = None if kind == "in-memory" else write_store(kind, x, y, tmp_path)
+        model = logistic_model(x, y) if store is None else logistic_model(x[:50], y[:50])
+        with model:
+            step = MinibatchBarker(batch_size=100, control_variate="taylor", S="laplace",
+                                   scaling=2.38 / np.sqrt(D), tune=False, data=store,
+                                   audit_every=5)
+            idata = pm.sample(draws=60, tune=0, step=step, chains=1,
+                              **sample_kwargs(random_seed=4))
+        ss = sample_stats(idata)
+        return {k: np.asarray(ss[k]) for k in ("audited", "audit_delta", "audit_error",
+                                              "extra_evaluations")}
+
+    expected, got = audit_stats("in-memory"), audit_stats(kind)
+    assert expected["audited"].sum() == 12
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-9, err_msg=key)
