@@ -92,6 +92,29 @@ def test_threshold_estimate():
     assert 0.0 < far < 1e-15
 
 
+def test_barker_error_estimate_stat_is_the_formula_on_the_steps_own_stats(normal_data):
+    """The compiled rounds report ``barker_error_estimate`` of the step's own Δ*, s², γ̂."""
+    from pymc_minibatch_mh.core.moments import EDGEWORTH_SUP
+
+    y = normal_data[:5000]
+    model = _normal_model(y)
+    with model:
+        step = MinibatchBarker(batch_size=50, S=[0.05], tune=False, temperature=3.0,
+                               early_decision=1.5)
+    ss = sample_stats(_sample(model, step, draws=300))
+    n = ss["batch_size"].values.ravel()
+    skew = ss["edgeworth"].values.ravel() * 6.0 * np.sqrt(n) / EDGEWORTH_SUP
+    expected = [
+        ae.barker_error_estimate(d, v, g, int(k), 5000, step.correction.error, sigma=1.0,
+                                 early=bool(e))
+        for d, v, g, k, e in zip(ss["delta_star"].values.ravel(),
+                                 ss["delta_variance"].values.ravel(), skew, n,
+                                 ss["early_decision"].values.ravel(), strict=True)
+    ]
+    assert ss["early_decision"].values.any() and (~ss["early_decision"].values).any()
+    np.testing.assert_allclose(ss["error_estimate"].values.ravel(), expected, rtol=1e-12)
+
+
 # --------------------------------------------------------------- the audit's mechanics
 @pytest.mark.parametrize("cls", METHODS)
 @pytest.mark.parametrize("control_variate", [None, "taylor"])
@@ -181,9 +204,12 @@ def test_summary_refuses_a_trace_without_audits(normal_data):
     model = _normal_model(normal_data[:500])
     with model:
         step = MinibatchBarker(batch_size=50, S=[0.05], tune=False)
+        rare = MinibatchBarker(batch_size=50, S=[0.05], tune=False, audit_every=1000)
     idata = _sample(model, step, draws=20)
+    with pytest.raises(ValueError, match="no audit stats .* audit_every=k"):
+        audit_summary(idata)  # without audit_every the audit's stats are not recorded
     with pytest.raises(ValueError, match="No step of the trace was audited"):
-        audit_summary(idata)
+        audit_summary(_sample(model, rare, draws=20))
     with pytest.raises(ValueError, match="confidence"):
         audit_summary(idata, confidence=1.5)
 

@@ -119,7 +119,7 @@ class Audit:
     Parameters
     ----------
     every : int or None
-        Audit every ``every``-th step; None: never (the stats are then False and NaN).
+        Audit every ``every``-th step; None: never (the step then declares no audit stats).
 
     """
 
@@ -128,6 +128,9 @@ class Audit:
         "audited": False, "audit_disagree": False, "audit_error": math.nan,
         "audit_delta": math.nan, "audit_kappa3": math.nan,
     }
+
+    #: Stats of a step whose step method has no audit (they are not declared).
+    OFF: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, every: int | None) -> None:
         self.every = every
@@ -170,7 +173,7 @@ class Audit:
         """
         self.rows = 0
         if self.every is None:
-            return self.NOT_AUDITED
+            return self.OFF
         self._countdown -= 1
         if self._countdown > 0:
             return self.NOT_AUDITED

@@ -265,6 +265,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             if target_accept is None:
                 target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
             self.tuner = ScalingTuner(float(scaling), target=target_accept)
+            self._declare_stats()
             #: Wall-clock seconds the step took to build (checks, compilation, and with
             #: control variates the MAP search and full-data passes).
             self.setup_seconds = time.perf_counter() - started
@@ -278,6 +279,27 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self._n_rows = self.likelihood.n_rows_initial
             self._warned_nonfinite = False
             self._chain_started = False
+
+    def _declare_stats(self) -> None:
+        """Declare only the stats this step reports (PyMC stores every declared stat).
+
+        The audit's stats need ``audit_every``; the proposal's code and tuned parameter a
+        proposal with its own stats (the surrogate proposals); subclasses drop more in
+        :meth:`_unused_stats`. Each stored stat costs time on every draw.
+        """
+        self._proposal_stats = hasattr(self.proposal, "stats")
+        unused = set(self._unused_stats())
+        if self.audit.every is None:
+            unused |= Audit.NOT_AUDITED.keys()
+        if not self._proposal_stats:
+            unused |= {"proposal", "rho", "step_size"}
+        shapes = {k: v for k, v in type(self).stats_dtypes_shapes.items() if k not in unused}
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{name: dtype for name, (dtype, _) in shapes.items()}]
+
+    def _unused_stats(self) -> Sequence[str]:
+        """Test-specific stats (``test_stats``) this step's settings leave constant."""
+        return ()
 
     # ----------------------------------------------------------------- settings
     def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
@@ -431,7 +453,6 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         accept = getattr(outcome, "accept_prob", None)
         if accept is None:
             accept = 1.0 if accepted else 0.0
-        code, rho, step_size = proposal_stats(self.proposal)
         stats = {
             "accepted": 1.0 if accepted else 0.0,
             "accept": accept,
@@ -446,13 +467,12 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             "mean_batch_size": self._chain_batch_total / steps,
             "accept_rate": self._chain_accepted / steps,
             "recentered": extra > self.audit.rows,
-            "proposal": code,
-            "rho": rho,
-            "step_size": step_size,
             "error_estimate": self._error_estimate(outcome),
             **audit,
             **self._test_stat_values(outcome),
         }
+        if self._proposal_stats:
+            stats["proposal"], stats["rho"], stats["step_size"] = proposal_stats(self.proposal)
         if self.tune and self._tune_enabled:
             self.scaling = self.tuner.update(accept)
         return new_point, [stats]

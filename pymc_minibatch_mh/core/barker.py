@@ -18,7 +18,9 @@ from typing import Any, Protocol
 import numba
 import numpy as np
 
+from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate, barker_probability
 from pymc_minibatch_mh.core.moments import (
+    EDGEWORTH_SUP,
     chunk_moments,
     clt_error_bound,
     merge_moments,
@@ -38,7 +40,7 @@ __all__ = [
     "CorrectionSampler",
     "TestOutcome",
     "barker_decision",
-    "barker_probability",
+    "barker_probability",  # defined in core.acceptance_error (the Barker function g)
     "barker_rounds",
     "barker_test",
     "growth_rows",
@@ -123,6 +125,10 @@ class BarkerOutcome(TestOutcome):
     skew_fallback : bool
         Whether the skew-corrected test fell back to the Gaussian top-up (``σ² − s²`` too
         small for the third cumulant needed, :mod:`~pymc_minibatch_mh.core.skew`).
+    error_estimate : float
+        The step's estimate of its acceptance-probability error
+        (:func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate`; 0 at full
+        data, NaN when a non-finite ratio stopped the test).
 
     """
 
@@ -134,34 +140,7 @@ class BarkerOutcome(TestOutcome):
     accept_prob: float
     skew: float = 0.0
     skew_fallback: bool = False
-
-
-@numba.njit(cache=True, nogil=True)
-def barker_probability(delta: float) -> float:
-    """Barker's acceptance probability ``g(Δ) = 1 / (1 + exp(-Δ))``, overflow-safe.
-
-    Parameters
-    ----------
-    delta : float
-        Log acceptance ratio.
-
-    Returns
-    -------
-    float
-        The probability.
-
-    Examples
-    --------
-    >>> barker_probability(0.0)
-    0.5
-    >>> barker_probability(-1000.0)
-    0.0
-
-    """
-    if delta >= 0:
-        return 1.0 / (1.0 + math.exp(-delta))
-    e = math.exp(delta)
-    return e / (1.0 + e)
+    error_estimate: float = math.nan
 
 
 def barker_decision(
@@ -210,7 +189,7 @@ def barker_decision(
 def barker_rounds(
     block: np.ndarray, buf: np.ndarray, n: int, mean: float, m2: float, rounds: int,
     n_total: int, batch_size: int, data_free: float, sigma2: float, tolerance: float,
-    early_decision: float, skew: bool = False, m3: float = 0.0,
+    early_decision: float, skew: bool = False, m3: float = 0.0, table_error: float = 0.0,
 ) -> tuple[Any, ...]:  # pragma: no cover
     """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
 
@@ -241,16 +220,21 @@ def barker_rounds(
     skew, m3 : bool, float, optional
         The skew-corrected test, and its state (the sum of cubed deviations so far): at a
         stop with ``s² < σ²``, :func:`~pymc_minibatch_mh.core.skew.skew_topup_cumulant`.
+    table_error : float, optional
+        The correction table's L∞ error, for the step's error estimate.
 
     Returns
     -------
     tuple
         ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
-        m3, kappa, fallback)`` with ``status`` one of :data:`NEED_MORE`, :data:`DONE`,
-        :data:`EARLY`, :data:`STOPPED` and ``used`` the rows of ``block`` consumed.
-        ``epsilon`` and ``edgeworth`` (see
+        m3, kappa, fallback, error)`` with ``status`` one of :data:`NEED_MORE`,
+        :data:`DONE`, :data:`EARLY`, :data:`STOPPED` and ``used`` the rows of ``block``
+        consumed. ``epsilon`` and ``edgeworth`` (see
         :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`) are computed when the test
-        stops short of N rows; ``kappa`` is the top-up's third cumulant (0 on a fallback).
+        stops short of N rows; ``kappa`` is the top-up's third cumulant (0 on a fallback);
+        ``error`` the step's
+        :func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate` (0 at full
+        data, NaN on a stop).
 
     """
     fpc_scale = n_total * n_total / (n_total - 1.0) if n_total > 1 else 0.0
@@ -262,7 +246,7 @@ def barker_rounds(
         count = min(batch_size, n_total - n)
         if pos + count > length:
             return (NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0, m3,
-                    0.0, False)
+                    0.0, False, 0.0)
         chunk = block[pos : pos + count]
         buf[n : n + count] = chunk
         c_mean, c_m2 = chunk_moments(chunk)
@@ -275,9 +259,9 @@ def barker_rounds(
         delta_star = n_total * mean + data_free
         if not math.isfinite(delta_star) or math.isnan(m2):
             return (STOPPED, pos, n, mean, m2, rounds, delta_star, math.nan, math.nan, math.nan,
-                    m3, 0.0, False)
+                    m3, 0.0, False, math.nan)
         if n >= n_total:
-            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False
+            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False, 0.0
         # s² = N² · var̂ / n · (1 − (n − 1)/(N − 1)) = N²/(N − 1) · var̂ · (N − n)/n
         variance = fpc_scale * (m2 / (n - 1)) * (n_total - n) / n if n > 1 else math.inf
         if variance < sigma2:
@@ -286,12 +270,25 @@ def barker_rounds(
                 kappa, fallback = 0.0, False
                 if skew:
                     kappa, fallback = skew_topup_cumulant(n, n_total, m3, sigma2 - variance)
+                error = _error(delta_star, variance, edgeworth, n, n_total, table_error,
+                               sigma2, False)
                 return (DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon,
-                        edgeworth, m3, 0.0 if fallback else kappa, fallback)
+                        edgeworth, m3, 0.0 if fallback else kappa, fallback, error)
         if early_decision > 0.0 and abs(delta_star) >= early_decision * math.sqrt(variance):
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
+            error = _error(delta_star, variance, edgeworth, n, n_total, table_error, sigma2,
+                           True)
             return (EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
-                    m3, 0.0, False)
+                    m3, 0.0, False, error)
+
+
+@numba.njit(cache=True, nogil=True)
+def _error(delta_star: float, variance: float, edgeworth: float, n: int, n_total: int,
+           table_error: float, sigma2: float, early: bool) -> float:  # pragma: no cover
+    # The skewness γ̂ from the edgeworth stat, |γ̂| · EDGEWORTH_SUP / (6 √n).
+    skew = edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP
+    return barker_error_estimate(delta_star, variance, skew, n, n_total, table_error,
+                                 math.sqrt(sigma2), early)
 
 
 def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: float) -> int:
@@ -379,6 +376,7 @@ class BarkerTest:
             float(tolerance) if tolerance is not None else -1.0,
             float(early_decision) if early_decision is not None else -1.0,
             self.skew_correction,
+            float(getattr(correction, "error", 0.0)),  # the table's L∞ error
         )
         self._buf = np.empty(1024)
 
@@ -404,9 +402,9 @@ class BarkerTest:
             The decision and the test's statistics.
 
         """
-        sigma2, tolerance, early, skew = self._settings
+        sigma2, tolerance, early, skew, table_error = self._settings
         n = rounds = 0
-        delta_star, variance, epsilon, edgeworth = data_free, 0.0, 0.0, 0.0
+        delta_star, variance, epsilon, edgeworth, error = data_free, 0.0, 0.0, 0.0, math.nan
         # -inf: the proposal is outside the prior's support; no data are needed.
         status = STOPPED if not math.isfinite(data_free) else NEED_MORE
         n_total = source.n_total
@@ -422,9 +420,9 @@ class BarkerTest:
                 grown[:n] = buf[:n]
                 buf = self._buf = grown
             (status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth, m3,
-             kappa, fallback) = barker_rounds(
+             kappa, fallback, error) = barker_rounds(
                 source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
-                sigma2, tolerance, early, skew, m3,
+                sigma2, tolerance, early, skew, m3, table_error,
             )
             if status == NEED_MORE:
                 count = growth_rows(n, variance, n_total, m, sigma2)
@@ -442,7 +440,7 @@ class BarkerTest:
             accepted=accepted, batch_size=n, rounds=rounds, full_data=n >= n_total,
             nonfinite=nonfinite, extra_evaluations=0, delta_star=delta_star,
             variance=variance, epsilon=epsilon, edgeworth=edgeworth, early=status == EARLY,
-            accept_prob=accept_prob, skew=kappa, skew_fallback=fallback,
+            accept_prob=accept_prob, skew=kappa, skew_fallback=fallback, error_estimate=error,
         )
 
 

@@ -10,10 +10,8 @@ import numpy as np
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
 from pymc_minibatch_mh.adapter.estimator import RatioEstimator
-from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate
 from pymc_minibatch_mh.core.barker import BarkerOutcome, BarkerTest
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
-from pymc_minibatch_mh.core.moments import EDGEWORTH_SUP
 
 __all__ = ["MinibatchBarker"]
 
@@ -83,8 +81,8 @@ class MinibatchBarker(MinibatchStep):
     of Novak's bound on the normal-approximation error: an estimate from the minibatch's
     own moments, not a bound; above 1 the normal approximation cannot be trusted),
     ``edgeworth`` (sharper Edgeworth estimate of the same error),
-    ``delta_star`` (Δ*), ``delta_variance`` (s²), ``skew`` (third cumulant of the top-up
-    noise; 0 unless ``skew_correction``), ``skew_fallback``, ``growth_rounds``, ``full_data``,
+    ``delta_star`` (Δ*), ``delta_variance`` (s²), with ``skew_correction`` only ``skew``
+    (third cumulant of the top-up noise) and ``skew_fallback``, ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
     ``scaling`` (the effective proposal scale), ``temperature``, and the chain's running
     ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).
@@ -179,24 +177,23 @@ class MinibatchBarker(MinibatchStep):
         return self._test(self.rng, estimator, data_free)
 
     def _error_estimate(self, outcome: BarkerOutcome) -> float:
-        # |skew| of the minibatch from the edgeworth stat, |γ̂| · EDGEWORTH_SUP / (6 √n).
-        n = outcome.batch_size
-        skew = outcome.edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP if n else 0.0
-        return barker_error_estimate(
-            outcome.delta_star, outcome.variance, skew, n, self._n_rows, self.correction.error,
-            sigma=self.sigma, early=outcome.early,
-        )
+        return outcome.error_estimate  # computed by the compiled rounds
+
+    def _unused_stats(self) -> tuple[str, ...]:
+        return () if self.skew_correction else ("skew", "skew_fallback")
 
     def _test_stat_values(self, outcome: BarkerOutcome) -> dict[str, Any]:
-        return {
+        values = {
             "epsilon": outcome.epsilon,
             "edgeworth": outcome.edgeworth,
             "delta_star": outcome.delta_star,
             "delta_variance": outcome.variance,
             "early_decision": outcome.early,
-            "skew": outcome.skew,
-            "skew_fallback": outcome.skew_fallback,
         }
+        if self.skew_correction:
+            values["skew"] = outcome.skew
+            values["skew_fallback"] = outcome.skew_fallback
+        return values
 
 
 def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> None:
