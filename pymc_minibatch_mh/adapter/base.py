@@ -26,14 +26,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from pymc.model import Model, modelcontext
+from pymc.model import modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from pymc.vartypes import continuous_types
 
 from pymc_minibatch_mh.adapter.audit import AUDIT_STATS, Audit, check_audit_every
-from pymc_minibatch_mh.adapter.checks import check_batch_size, check_temperature
+from pymc_minibatch_mh.adapter.checks import (
+    check_batch_size,
+    check_same_model,
+    check_temperature,
+)
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
@@ -378,7 +382,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         """
         if not self._started:
             self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
-        self._check_same_model(point)
+        check_same_model(self, point)
         surrogate = getattr(self.proposal, "surrogate", None)
         if surrogate is not None and self._tuning and self._tune_enabled:
             draw = surrogate.theta_hat + surrogate.chol @ self.rng.standard_normal(surrogate.dim)
@@ -476,31 +480,6 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         if self.tune and self._tune_enabled:
             self.scaling = self.tuner.update(accept)
         return new_point, [stats]
-
-    def _check_same_model(self, point: Mapping[str, Any]) -> None:
-        """Refuse a point (or model context) that does not belong to the step's model."""
-        entries = self.likelihood.point_map.entries
-        wrong = [
-            e.name for e in entries if e.name not in point or np.shape(point[e.name]) != e.shape
-        ]
-        wrong += [
-            name
-            for name, shared in self.likelihood.other_shared.items()
-            if name not in point or np.shape(point[name]) != np.shape(shared.get_value())
-        ]
-        context = Model.get_context(error_if_none=False)
-        other = (
-            context is not None
-            and context is not self.model
-            and {v.name for v in context.value_vars} == {v.name for v in self.model.value_vars}
-        )
-        if wrong or other:
-            raise ModelNotSupportedError(
-                f"This {type(self).__name__} was built for another model"
-                + (f" (variables {wrong} are missing or have other shapes)" if wrong else "")
-                + ": its compiled likelihood uses that model's data. Create the step inside "
-                "`with model:` of the model you sample (or pass model=...)."
-            )
 
     # The progress bar's columns and their values (PyMC's hooks).
     _progressbar_config = staticmethod(progressbar_config)

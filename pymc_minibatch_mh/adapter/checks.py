@@ -25,6 +25,7 @@ __all__ = [
     "check_batch_size",
     "check_observed",
     "check_potentials",
+    "check_same_model",
     "check_temperature",
     "check_terms_split",
     "check_variables",
@@ -302,3 +303,42 @@ def check_temperature(temperature: Any) -> float:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
     return float(temperature)
+
+
+def check_same_model(step: Any, point: Mapping[str, Any]) -> None:
+    """Refuse a point (or model context) that does not belong to ``step``'s model.
+
+    Parameters
+    ----------
+    step : MinibatchStep or MinibatchGibbs
+        The step method (its ``likelihood`` and ``model`` are read).
+    point : dict
+        The point the chain starts from.
+
+    Raises
+    ------
+    ModelNotSupportedError
+        If a variable is missing or has another shape, or the sampling model's context
+        is another model with the same variables.
+
+    """
+    entries = step.likelihood.point_map.entries
+    wrong = [e.name for e in entries if e.name not in point or np.shape(point[e.name]) != e.shape]
+    wrong += [
+        name
+        for name, shared in step.likelihood.other_shared.items()
+        if name not in point or np.shape(point[name]) != np.shape(shared.get_value())
+    ]
+    context = pm.Model.get_context(error_if_none=False)
+    other = (
+        context is not None
+        and context is not step.model
+        and {v.name for v in context.value_vars} == {v.name for v in step.model.value_vars}
+    )
+    if wrong or other:
+        raise ModelNotSupportedError(
+            f"This {type(step).__name__} was built for another model"
+            + (f" (variables {wrong} are missing or have other shapes)" if wrong else "")
+            + ": its compiled likelihood uses that model's data. Create the step inside "
+            "`with model:` of the model you sample (or pass model=...)."
+        )

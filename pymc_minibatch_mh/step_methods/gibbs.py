@@ -21,7 +21,7 @@ from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 
 from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.checks import check_batch_size
+from pymc_minibatch_mh.adapter.checks import check_batch_size, check_same_model
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.discrete import category_counts
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
@@ -267,12 +267,10 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
     def _begin_chain(self, point: Mapping[str, Any]) -> None:
         if not self._started:
             self._start_chain(self.rng)  # used outside pm.sample
-        self._check_same_model(point)
+        check_same_model(self, point)
         if self.check_start:
             self.likelihood.check_point(point)
         self._chain_started = True
-
-    _check_same_model = MinibatchStep._check_same_model
 
     # -------------------------------------------------------------------- update
     def update(self, x: np.ndarray, index: int) -> tuple[np.ndarray, TestOutcome]:
