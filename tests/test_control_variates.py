@@ -206,6 +206,32 @@ def test_map_is_found_and_counted(logistic):
     assert cv.setup_evaluations >= 2 * n
 
 
+@pytest.mark.parametrize("control_variate", ["taylor", "taylor_theta"])
+def test_tall_data_map_starts_from_a_subsample(monkeypatch, control_variate):
+    """Above 4 × SUBSAMPLE_ROWS rows the search starts from a subsample's mode: the same
+    MAP (to the tolerance) as the full-data search, in fewer passes; without the Newton
+    passes after it, the subsample's mode alone is many posterior sds off."""
+    from pymc_minibatch_mh.adapter import reference as reference_module
+
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 20_000)
+    x, y = logistic_data(200_000, seed=3)
+    model = logistic_model(x, y)
+    with model:
+        tall = MinibatchBarker(control_variate=control_variate, tune=False)
+        monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 10**9)  # full-data search
+        full = MinibatchBarker(control_variate=control_variate, tune=False)
+    a, b = tall.control_variate, full.control_variate
+    assert a.map_decrement <= cv_module.MAP_TOLERANCE
+    sd = np.sqrt(np.diag(b.laplace_covariance()))
+    assert np.all(np.abs(a.reference.theta - b.reference.theta) / sd < 3e-3)
+    assert a.setup_evaluations % 200_000 != 0  # the subsample's rows are counted too
+    assert tall.setup_passes < full.setup_passes and tall.setup_passes <= 4
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 20_000)
+    passes = reference_module.TaylorPasses(tall.likelihood, "test")
+    start = passes._subsample_mode(np.zeros(2))
+    assert np.max(np.abs(start - b.reference.theta) / sd) > 0.3  # the refinement matters
+
+
 def test_delta_star_is_unbiased_with_the_right_variance(logistic):
     model, x, y, step, cov, scale = logistic
     cv = step.control_variate
