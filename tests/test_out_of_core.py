@@ -339,6 +339,38 @@ def test_dask_draws_are_reproducible_on_a_local_cluster(data, tmp_path):
     assert not np.array_equal(other_seed, threads)
 
 
+@pytest.mark.parametrize("control_variate", ["taylor", "taylor_theta"])
+def test_dask_set_up_passes_are_reductions_on_the_cluster(data, monkeypatch, control_variate):
+    """The start check, MAP search and control-variate sums run as tasks on the workers
+    (the model's functions pickled there): no block comes back, and θ̂ is the in-memory one."""
+    distributed = pytest.importorskip("distributed")
+    from pymc_minibatch_mh.adapter.store_dask import DaskRowStore
+
+    x, y = data
+    with logistic_model(x, y):
+        expected = MinibatchBarker(control_variate=control_variate, tune=False)
+
+    def refuse(self, size=None):
+        raise AssertionError("a full pass brought its blocks back to the client")
+
+    monkeypatch.setattr(DaskRowStore, "chunks", refuse)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, distributed.get_task_stream(client) as ts:
+        with logistic_model(x[:50], y[:50]) as model:
+            step = MinibatchBarker(control_variate=control_variate, tune=False,
+                                   data=write_store("dask", x, y, None))
+            step.likelihood.check_point(model.initial_point())
+        workers = set(cluster.scheduler.workers)
+    tasks = [t for t in ts.data if "_apply" in str(t["key"])]
+    passes = round(step.setup_passes) + 1  # and the start check
+    assert len(tasks) == passes * 1  # N = 3,000 rows: one block per pass
+    assert {t["worker"] for t in tasks} <= workers
+    np.testing.assert_allclose(step.control_variate.reference.theta,
+                               expected.control_variate.reference.theta, rtol=1e-9, atol=1e-9)
+    step.likelihood.store.close()
+
+
 def test_dask_posterior_agrees_with_the_in_memory_posterior(tmp_path):
     """Means within 4 combined MCSE and sds within 15 % (4,000 draws, N = 3,000)."""
     from pymc_minibatch_mh.adapter.compat import mcse

@@ -34,7 +34,7 @@ from pymc_minibatch_mh.adapter.pytensor_internals import direct_call
 from pymc_minibatch_mh.adapter.split import split_model
 from pymc_minibatch_mh.adapter.store import RowStore, make_store, resolve_data
 
-__all__ = ["MinibatchLikelihood", "ModelNotSupportedError"]
+__all__ = ["MinibatchLikelihood", "ModelNotSupportedError", "NonFiniteRows"]
 
 
 class MinibatchLikelihood:
@@ -260,13 +260,12 @@ class MinibatchLikelihood:
                 "(initvals=...)."
             )
         n_bad, first, start = 0, None, 0
-        for chunk in self.store.chunks():  # streamed: bounded memory at any N
-            loglik = self._rows_fn(x, *chunk)
-            bad = np.flatnonzero(~np.isfinite(loglik))
-            if bad.size and first is None:
-                first = (start + int(bad[0]), float(loglik[bad[0]]))
-            n_bad += bad.size
-            start += loglik.shape[0]
+        # Streamed (bounded memory at any N); on the cluster for a Dask store.
+        for rows, bad, position, value in self.store.reduce(NonFiniteRows(self._rows_fn), x):
+            if bad and first is None:
+                first = (start + position, value)
+            n_bad += bad
+            start += rows
         if first is not None:
             raise ModelNotSupportedError(
                 f"The log-likelihood is not finite at the start point for {n_bad} of "
@@ -274,3 +273,25 @@ class MinibatchLikelihood:
                 "Choose initial values under which every observation has positive "
                 "likelihood (initvals=...), or check the data for invalid values."
             )
+
+
+class NonFiniteRows:
+    """Counts the rows of a chunk whose log-likelihood is not finite (picklable).
+
+    ``NonFiniteRows(rows_fn)(x, *rows)`` is ``(rows, bad, first, value)``: the chunk's
+    rows, how many are not finite, the first one's position in the chunk and its value
+    (-1 and NaN when none). A Dask row store runs it on the workers
+    (:meth:`~pymc_minibatch_mh.adapter.store.RowStore.reduce`).
+    """
+
+    def __init__(self, rows_fn: Any) -> None:
+        self.rows_fn = rows_fn
+
+    def __call__(self, x: NDArray[np.float64], *rows: NDArray[Any]) -> tuple[int, int, int,
+                                                                            float]:
+        """``(rows, bad, first, value)`` of the chunk at ``x``."""
+        loglik = self.rows_fn(x, *rows)
+        bad = np.flatnonzero(~np.isfinite(loglik))
+        if not bad.size:
+            return loglik.shape[0], 0, -1, math.nan
+        return loglik.shape[0], int(bad.size), int(bad[0]), float(loglik[bad[0]])

@@ -33,7 +33,7 @@ from pymc_minibatch_mh.core.control_variate import TaylorReference
 if TYPE_CHECKING:
     from pymc_minibatch_mh.adapter.control_variate_glm import PredictorAnalysis
 
-__all__ = ["PredictorPasses", "PredictorReference"]
+__all__ = ["PredictorChunkSums", "PredictorPasses", "PredictorReference"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,111 @@ class PredictorReference(TaylorReference):
 
 
 # ----------------------------------------------------------------------- passes
+class PredictorChunkSums:
+    """Log-likelihood, ``A`` and ``B`` over one chunk of rows (see :class:`PredictorPasses`).
+
+    A picklable callable (the compiled sums and the terms' layout only): a Dask row store
+    sends it to the workers (:meth:`~pymc_minibatch_mh.adapter.store.RowStore.reduce`).
+
+    Parameters
+    ----------
+    sums_fn : pytensor.compile.function.types.Function
+        ``(x, *rows) -> (loglik, g, h, *features)`` per row.
+    analysis : PredictorAnalysis
+        The expansion (its terms' layout is copied).
+    pairs : list of tuple
+        The quantity pairs ``(j, j2)`` of the columns of ``h``.
+
+    """
+
+    def __init__(self, sums_fn: Any, analysis: PredictorAnalysis,
+                 pairs: list[tuple[int, int]]) -> None:
+        self.sums_fn = sums_fn
+        self.pairs = pairs
+        self.terms = [(t.kind, t.feature is not None) for t in analysis.terms]
+        self.sizes = list(analysis.sizes)
+        self.owner = list(analysis.term_quantity)
+        self.slices = list(analysis.slices)
+        self.n_coef = analysis.n_coef
+
+    def __call__(self, x: NDArray[np.float64], *chunk: NDArray[Any]) -> tuple[Any, ...]:
+        """``(loglik, A, B)`` of the chunk at ``x``."""
+        k, owner, slices = self.n_coef, self.owner, self.slices
+        a = np.zeros(k)
+        b = np.zeros((k, k))
+        loglik, g, h, *features = self.sums_fn(x, *chunk)
+        blocks = self._blocks(features, g.shape[0])
+        for t, bt in enumerate(blocks):
+            a[slices[t]] += self._left(bt, g[:, owner[t]])
+        for p, (j, j2) in enumerate(self.pairs):
+            hjl = h[:, p]
+            if not np.any(hjl):
+                continue
+            for t, bt in enumerate(blocks):
+                if owner[t] != j:
+                    continue
+                for s, bs in enumerate(blocks):
+                    if owner[s] != j2 or (j == j2 and s < t):
+                        continue
+                    block = np.asarray(self._gram(bt, bs, hjl))
+                    b[slices[t], slices[s]] += block
+                    if (j, t) != (j2, s):
+                        b[slices[s], slices[t]] += block.T
+        return float(loglik), a, b
+
+    def _blocks(self, features: list[NDArray[Any]], n: int) -> list[tuple[Any, ...]]:
+        """Per term: ``("dense", X (n, K))`` or ``("index", idx, weight or None, G)``."""
+        out = []
+        pos = 0
+        for (kind, has_feature), size in zip(self.terms, self.sizes, strict=True):
+            if kind == "index":
+                idx = features[pos]
+                pos += 1
+                weight = None
+                if has_feature:
+                    weight = features[pos]
+                    pos += 1
+                idx = np.where(idx < 0, idx + size, idx)
+                out.append(("index", idx, weight, size))
+            elif not has_feature:
+                out.append(("dense", np.ones((n, 1))))
+            else:
+                f = features[pos]
+                pos += 1
+                out.append(("dense", f.reshape(n, -1)))
+        return out
+
+    @staticmethod
+    def _left(block: tuple[Any, ...], v: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``F_tᵀ v``."""
+        if block[0] == "dense":
+            return block[1].T @ v
+        _, idx, weight, size = block
+        return np.bincount(idx, weights=v if weight is None else weight * v, minlength=size)
+
+    @staticmethod
+    def _gram(bt: tuple[Any, ...], bs: tuple[Any, ...], h: NDArray[np.float64]) -> Any:
+        """``F_tᵀ diag(h) F_s``."""
+        if bt[0] == "dense" and bs[0] == "dense":
+            return (bt[1] * h[:, None]).T @ bs[1]
+        if bt[0] == "index" and bs[0] == "index":
+            _, it, wt, gt = bt
+            _, is_, ws, gs = bs
+            weights = h if wt is None else h * wt
+            weights = weights if ws is None else weights * ws
+            return np.bincount(it * gs + is_, weights=weights, minlength=gt * gs).reshape(
+                gt, gs
+            )
+        if bt[0] == "dense":
+            return PredictorChunkSums._gram(bs, bt, h).T
+        _, it, wt, gt = bt
+        x = bs[1]
+        weights = h if wt is None else h * wt
+        return np.column_stack(
+            [np.bincount(it, weights=weights * x[:, k], minlength=gt) for k in range(x.shape[1])]
+        )
+
+
 class PredictorPasses(TaylorPasses):
     """Full-data passes of the per-row-quantity expansion (and the MAP search).
 
@@ -108,99 +213,21 @@ class PredictorPasses(TaylorPasses):
                 f = an.rows(t.feature).astype("float64")
                 shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
                 features.append(pt.broadcast_to(f, shape))
-        self._pairs = [(j, j2) for j, j2, _ in h]
+        h_pairs = h
         h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
         outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
         fn = pytensor.function([flat, *data], outputs, mode=_FULL_PASS_MODE,
                                on_unused_input="ignore")
         fn.trust_input = True
-        self._sums_fn = fn
-
-    def _blocks(self, features: list[NDArray[Any]], n: int) -> list[tuple[Any, ...]]:
-        """Per term: ``("dense", X (n, K))`` or ``("index", idx, weight or None, G)``."""
-        an = self.analysis
-        out = []
-        pos = 0
-        for t, size in zip(an.terms, an.sizes, strict=True):
-            if t.kind == "index":
-                idx = features[pos]
-                pos += 1
-                weight = None
-                if t.feature is not None:
-                    weight = features[pos]
-                    pos += 1
-                idx = np.where(idx < 0, idx + size, idx)
-                out.append(("index", idx, weight, size))
-            elif t.feature is None:
-                out.append(("dense", np.ones((n, 1))))
-            else:
-                f = features[pos]
-                pos += 1
-                out.append(("dense", f.reshape(n, -1)))
-        return out
-
-    @staticmethod
-    def _left(block: tuple[Any, ...], v: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``F_tᵀ v``."""
-        if block[0] == "dense":
-            return block[1].T @ v
-        _, idx, weight, size = block
-        return np.bincount(idx, weights=v if weight is None else weight * v, minlength=size)
-
-    @staticmethod
-    def _gram(bt: tuple[Any, ...], bs: tuple[Any, ...], h: NDArray[np.float64]) -> Any:
-        """``F_tᵀ diag(h) F_s``."""
-        if bt[0] == "dense" and bs[0] == "dense":
-            return (bt[1] * h[:, None]).T @ bs[1]
-        if bt[0] == "index" and bs[0] == "index":
-            _, it, wt, gt = bt
-            _, is_, ws, gs = bs
-            weights = h if wt is None else h * wt
-            weights = weights if ws is None else weights * ws
-            return np.bincount(it * gs + is_, weights=weights, minlength=gt * gs).reshape(
-                gt, gs
-            )
-        if bt[0] == "dense":
-            return PredictorPasses._gram(bs, bt, h).T
-        _, it, wt, gt = bt
-        x = bs[1]
-        weights = h if wt is None else h * wt
-        return np.column_stack(
-            [np.bincount(it, weights=weights * x[:, k], minlength=gt) for k in range(x.shape[1])]
-        )
+        self._chunk_sums = PredictorChunkSums(fn, an, [(j, j2) for j, j2, _ in h_pairs])
 
     def sums(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64],
                                                     NDArray[np.float64]]:
         """Log-likelihood, ``A`` and ``B`` at ``x``: one counted pass over the rows."""
-        an = self.analysis
-        k = an.n_coef
-        total = 0.0
-        a = np.zeros(k)
-        b = np.zeros((k, k))
-        owner = an.term_quantity
-        for chunk in self.store.chunks():
-            loglik, g, h, *features = self._sums_fn(x, *chunk)
-            n = g.shape[0]
-            total += float(loglik)
-            blocks = self._blocks(features, n)
-            for t, bt in enumerate(blocks):
-                a[an.slices[t]] += self._left(bt, g[:, owner[t]])
-            for p, (j, j2) in enumerate(self._pairs):
-                hjl = h[:, p]
-                if not np.any(hjl):
-                    continue
-                for t, bt in enumerate(blocks):
-                    if owner[t] != j:
-                        continue
-                    for s, bs in enumerate(blocks):
-                        if owner[s] != j2 or (j == j2 and s < t):
-                            continue
-                        block = np.asarray(self._gram(bt, bs, hjl))
-                        b[an.slices[t], an.slices[s]] += block
-                        if (j, t) != (j2, s):
-                            b[an.slices[s], an.slices[t]] += block.T
+        parts = self.store.reduce(self._chunk_sums, x)
         self.evaluations += self.store.n_rows
-        return total, a, b
+        total = math.fsum(p[0] for p in parts)
+        return total, np.sum([p[1] for p in parts], axis=0), np.sum([p[2] for p in parts], axis=0)
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> PredictorReference:
         """``A``, ``B`` (and the θ-space G, H by the chain rule) at ``x``, checked finite."""

@@ -29,7 +29,7 @@ from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.adapter.progress import note
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 
-__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ControlVariateError", "TaylorPasses"]
+__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ChunkSums", "ControlVariateError", "TaylorPasses"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
@@ -46,6 +46,35 @@ _FULL_PASS_MODE = "FAST_RUN"
 
 class ControlVariateError(ValueError):
     """The control variates cannot be built; the message says why and what to do."""
+
+
+class ChunkSums:
+    """The log-likelihood's sum, gradient and Hessian over one chunk of rows.
+
+    A picklable callable of compiled PyTensor functions: a Dask row store sends it to
+    the workers (:meth:`~pymc_minibatch_mh.adapter.store.RowStore.reduce`).
+
+    Parameters
+    ----------
+    value_grad_fn, hvp_fn : pytensor.compile.function.types.Function
+        ``(x, *rows) -> (sum, gradient)`` and ``(x, v, *rows) -> H v``; ``hvp_fn=None``:
+        no Hessian.
+    dim : int
+        Size of ``x``.
+
+    """
+
+    def __init__(self, value_grad_fn: Any, hvp_fn: Any, dim: int) -> None:
+        self.value_grad_fn, self.hvp_fn, self.dim = value_grad_fn, hvp_fn, dim
+
+    def __call__(self, x: NDArray[np.float64], *rows: NDArray[Any]) -> tuple[Any, ...]:
+        """``(sum, gradient, Hessian or None)`` of the chunk's log-likelihood at ``x``."""
+        value, g = self.value_grad_fn(x, *rows)
+        h = None
+        if self.hvp_fn is not None:
+            eye = np.eye(self.dim)
+            h = np.column_stack([self.hvp_fn(x, eye[j], *rows) for j in range(self.dim)])
+        return float(value), np.asarray(g), h
 
 
 class TaylorPasses:
@@ -100,6 +129,8 @@ class TaylorPasses:
         self._lazy = {
             "_value_grad_fn": lambda: compile_fn([flat, *data], [total, g]),
             "_hvp_fn": lambda: compile_fn([flat, v, *data], hv),
+            "_gradient_sums": lambda: ChunkSums(self._value_grad_fn, None, self.dim),
+            "_hessian_sums": lambda: ChunkSums(self._value_grad_fn, self._hvp_fn, self.dim),
         }
         # No data in the prior: a quickly compiled function is fast enough.
         self._prior_all_fn = pytensor.function(
@@ -130,21 +161,13 @@ class TaylorPasses:
         self, x: NDArray[np.float64], hessian: bool
     ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
         """Sum, gradient (and Hessian) of the log-likelihood over all rows, in chunks."""
-        d = self.dim
-        total = 0.0
-        g = np.zeros(d)
-        h = np.zeros((d, d)) if hessian else None
-        eye = np.eye(d)
         note(f"full pass {self.evaluations // self.store.n_rows + 1} over "
              f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
-        for chunk in self.store.chunks():
-            value, grad_value = self._value_grad_fn(x, *chunk)
-            total += float(value)
-            g += grad_value
-            if h is not None:
-                for j in range(d):
-                    h[:, j] += self._hvp_fn(x, eye[j], *chunk)
+        parts = self.store.reduce(self._hessian_sums if hessian else self._gradient_sums, x)
         self.evaluations += self.store.n_rows
+        total = math.fsum(p[0] for p in parts)
+        g = np.sum([p[1] for p in parts], axis=0)
+        h = np.sum([p[2] for p in parts], axis=0) if hessian else None
         return total, g, h
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:

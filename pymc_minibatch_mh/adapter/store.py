@@ -27,7 +27,7 @@ at a chain start (a new N included) and refused during a chain.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ from pymc_minibatch_mh.adapter.sources import (
 )
 from pymc_minibatch_mh.core.rows import PartialShuffleRows
 
-__all__ = ["FULL_PASS_CHUNK", "RowStore", "make_store", "resolve_data"]
+__all__ = ["FULL_PASS_CHUNK", "RowStore", "cast_rows", "make_store", "resolve_data"]
 
 #: Rows per call when a whole pass over the data is evaluated (bounded memory).
 FULL_PASS_CHUNK = 1 << 18
@@ -331,8 +331,7 @@ class RowStore:
         self._sampler.start_step()  # type: ignore[union-attr]
 
     def _cast(self, rows: list[NDArray[Any]]) -> tuple[NDArray[Any], ...]:
-        return tuple([r if c is None else r.astype(c)
-                      for r, c in zip(rows, self._casts, strict=True)])
+        return cast_rows(rows, self._casts)
 
     def take(self, count: int) -> tuple[NDArray[Any], ...]:
         """``count`` rows not yet taken in this step, uniformly at random, one per array."""
@@ -353,6 +352,15 @@ class RowStore:
         """The rows at ``positions`` (row indices of the data), one array per variable."""
         rows = [a[positions] for a in self.arrays]
         return self._cast(rows) if self._casts else tuple(rows)
+
+    def reduce(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(*args, *chunk)`` for each chunk of a full pass (:meth:`chunks`), in order.
+
+        For passes whose per-chunk results are small (sums, counts): the Dask store runs
+        ``fn`` on the cluster, next to the data, and only the results come back; ``fn``
+        must then be picklable (e.g. an object holding compiled PyTensor functions).
+        """
+        return [fn(*args, *chunk) for chunk in self.chunks()]
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
         """A full pass: consecutive chunks of at most ``size`` rows (views, no copies).
@@ -377,3 +385,8 @@ class RowStore:
         if sourced:
             self.check_unchanged()
             self._unchecked.difference_update(unchecked)
+
+
+def cast_rows(rows: Sequence[NDArray[Any]], casts: Sequence[Any]) -> tuple[NDArray[Any], ...]:
+    """``rows`` with ``rows[i]`` cast to ``casts[i]`` (None: as it is)."""
+    return tuple([r if c is None else r.astype(c) for r, c in zip(rows, casts, strict=True)])

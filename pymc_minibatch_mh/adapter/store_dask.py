@@ -8,12 +8,14 @@ one was created, else Dask's threads.
 - **Checks** at each chain start are Dask reductions on the cluster: the number of rows,
   and, once per array, whether any row has a missing value (``isnan(x).any(axis)``; the
   first bad row is located with ``argmax``).
-- **Full passes** (start-point check, MAP search, control-variate sums) go through the data
-  block by block: each block of about :data:`~pymc_minibatch_mh.adapter.store.FULL_PASS_CHUNK`
-  rows is computed on the cluster and evaluated by the model's compiled functions here,
-  while the next block is already being computed (two blocks in memory at most). The
-  model's terms are not shipped to the workers: PyTensor's compiled functions are not
-  cheap to send.
+- **Full passes** whose results are sums (the start-point check, the MAP search, the
+  control variates' sums) are Dask reductions on the cluster (:meth:`DaskRowStore.reduce`):
+  the model's compiled functions are sent to each worker once (pickled; PyTensor compiles
+  them again there, from its cache when the workers share it), each task evaluates one
+  block of about :data:`~pymc_minibatch_mh.adapter.store.FULL_PASS_CHUNK` rows where the
+  block is, and only the sums come back. The audit's pass needs every row's value: it
+  streams the blocks here (:meth:`DaskRowStore.chunks`), the next one computed on the
+  cluster while this one is used (two blocks in memory at most).
 - **Per-step rows** come from a local buffer that a background thread refills
   (:class:`StreamBuffer`): it draws blocks of :data:`STREAM_BLOCK` row indices i.i.d.
   uniformly from all N, fetches those rows from the cluster (sorted, so each Dask chunk is
@@ -44,7 +46,7 @@ from numpy.typing import NDArray
 from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.adapter.sources import DataStoreError, is_dask
-from pymc_minibatch_mh.adapter.store import FULL_PASS_CHUNK, RowStore
+from pymc_minibatch_mh.adapter.store import FULL_PASS_CHUNK, RowStore, cast_rows
 
 __all__ = ["STREAM_BLOCK", "STREAM_DEPTH", "DaskRowStore", "StreamBuffer"]
 
@@ -248,6 +250,26 @@ class DaskRowStore(RowStore):
         return tuple(out)
 
     # ------------------------------------------------------------ full passes
+    def reduce(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(*args, *block)`` for each block of a full pass, computed on the cluster.
+
+        ``fn`` is sent to each worker once (a data dependency of the tasks, not part of
+        every task); each task reads its block where the data are and returns only
+        ``fn``'s result.
+        """
+        import dask
+
+        n = self.n_rows
+        self.check_unchanged()
+        shipped = dask.delayed(fn, pure=True)
+        apply = dask.delayed(_apply, pure=True)
+        tasks = [apply(shipped, args, self._casts, *[a[start:min(n, start + FULL_PASS_CHUNK)]
+                                                    for a in self.arrays])
+                 for start in range(0, n, FULL_PASS_CHUNK)]
+        results = list(dask.compute(*tasks))
+        self.check_unchanged()
+        return results
+
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
         """A full pass, block by block, the next block computed while this one is used."""
         import dask
@@ -266,6 +288,12 @@ class DaskRowStore(RowStore):
                     pending = compute(bounds[k + 1])
                 yield self._cast(chunk) if self._casts else tuple(chunk)
         self.check_unchanged()
+
+
+def _apply(fn: Callable[..., Any], args: tuple[Any, ...], casts: list[Any],
+           *block: NDArray[Any]) -> Any:
+    """One task of :meth:`DaskRowStore.reduce`: ``fn`` on a block (cast as the store casts)."""
+    return fn(*args, *(cast_rows(block, casts) if casts else block))
 
 
 def _check_missing_dask(name: str, value: Any) -> None:
