@@ -184,7 +184,11 @@ def run_one(kind, folder, n, seed, draws, tune, timed_steps, out):
                                scaling=2.38 / math.sqrt(D), tune=False, data=data)
         setup = time.perf_counter() - started
         started = time.perf_counter()
+        # The chain starts at θ̂: PyMC's initial point (b = 0) is thousands of posterior
+        # sds away at this N, where a random walk of posterior-sized steps would not
+        # arrive (and every step would need most of the rows).
         idata = pm.sample(draws=draws, tune=tune, step=step, chains=1, random_seed=seed,
+                          initvals=step.control_variate.reference_point(),
                           progressbar=False, compute_convergence_checks=False)
         sampling = time.perf_counter() - started
         point = {"b": np.asarray(posterior(idata)["b"])[0, -1]}
