@@ -51,6 +51,8 @@ def parse_args(argv=None):
     parser.add_argument("--agree-draws", type=int, default=300_000)
     parser.add_argument("--timed-steps", type=int, default=3000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--reuse-data", action="store_true",
+                        help="large part: use the files a previous run left in --dir")
     args = parser.parse_args(argv)
     if args.quick:
         args.large_n, args.memory_n, args.agree_n = 2e5, 2e4, 5e4
@@ -228,8 +230,9 @@ def in_process(kind, folder, n, seed, draws, tune, timed_steps):
 def part_large(args, folder):
     print(f"\n## N = {args.large_n:,}, d = {D} from disk vs N = {args.memory_n:,} in memory\n")
     started = time.perf_counter()
-    write_data(folder, args.large_n, ("npy", "zarr"))
-    print(f"(data written in {time.perf_counter() - started:.0f} s)\n")
+    if not (args.reuse_data and (folder / "X.npy").exists()):
+        write_data(folder, args.large_n, ("npy", "zarr"))
+        print(f"(data written in {time.perf_counter() - started:.0f} s)\n")
     memory = in_process("memory", folder, args.memory_n, 1, 500, 200, args.timed_steps)
     rows = [memory]
     for kind in ("npy", "zarr"):

@@ -165,6 +165,23 @@ def test_dask_rows_are_uniform_over_all_rows(data):
     assert abs(chi2 - (N - 1)) < 5 * np.sqrt(2 * (N - 1)), chi2
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int8", "int64"])
+@pytest.mark.parametrize("shape", [(1000,), (1000, 3), (1000, 2, 5)])
+def test_npy_rows_are_read_exactly_and_a_truncated_file_is_refused(tmp_path, dtype, shape):
+    """Per-step rows of a .npy file come from pread(2): the same values as indexing."""
+    a = (np.random.default_rng(1).normal(size=shape) * 50).astype(dtype)
+    np.save(tmp_path / "a.npy", a)
+    f = sources.NpyFile(tmp_path / "a.npy")
+    idx = np.array([999, 0, 5, 5, 500, 1], dtype=np.int64)
+    np.testing.assert_array_equal(f.read_rows(idx), a[idx])
+    assert f.read_rows(idx[:0]).shape == (0, *shape[1:])
+    with open(tmp_path / "a.npy", "r+b") as handle:  # cut the file under the reader
+        handle.truncate(os.path.getsize(tmp_path / "a.npy") - a[0].nbytes)
+    with pytest.raises(DataChangedError, match="shorter than when it was opened"):
+        f.read_rows(np.array([999], dtype=np.int64))
+    np.testing.assert_array_equal(f.read_rows(idx[1:3]), a[idx[1:3]])
+
+
 @pytest.mark.parametrize("kind", ["npy", "zarr", "parquet", "dask"])
 def test_a_full_pass_copies_no_more_than_a_chunk(kind, tmp_path, monkeypatch):
     """tracemalloc: the peak of new allocations stays near one chunk (data: 80 chunks)."""

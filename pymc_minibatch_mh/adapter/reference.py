@@ -302,7 +302,6 @@ class TaylorPasses:
         if n <= 4 * m:
             return None
         rows = self.store.rows(np.linspace(0, n - 1, m).round().astype(np.int64))
-        self.store.release()  # the pages the subsample touched (memory-mapped files)
         scale = n / m
 
         def objective(x: NDArray[np.float64]) -> tuple[float, Any]:

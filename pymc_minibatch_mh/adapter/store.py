@@ -50,8 +50,6 @@ __all__ = ["FULL_PASS_CHUNK", "RowStore", "cast_rows", "make_store", "resolve_da
 
 #: Rows per call when a whole pass over the data is evaluated (bounded memory).
 FULL_PASS_CHUNK = 1 << 18
-#: Rows taken by steps after which the pages of mapped files they touched are handed back.
-RELEASE_EVERY = 1 << 16
 
 
 def resolve_data(
@@ -174,7 +172,6 @@ class RowStore:
         # data= arrays not yet checked for missing values (at their first full pass).
         self._unchecked: set[int] = set()
         self._casts: tuple[np.dtype | None, ...] = ()
-        self._taken = 0
         self.refresh()
 
     def name(self, i: int) -> str:
@@ -303,6 +300,11 @@ class RowStore:
             )
         self.arrays = tuple(v if i in self.data else np.ascontiguousarray(v)
                             for i, v in enumerate(values))
+        # How rows at given positions are read: pread(2) for .npy files, else indexing.
+        self._readers = tuple(
+            self._opened[i][3].read_rows if i in self._opened and self._opened[i][3] is not None
+            else a.__getitem__ for i, a in enumerate(self.arrays)
+        )
         self._casts = tuple(None if a.dtype == var.dtype else np.dtype(var.dtype)
                             for a, var in zip(self.arrays, self.row_vars, strict=True))
         if not any(self._casts):
@@ -341,16 +343,14 @@ class RowStore:
         return tuple([a[idx] for a in self.arrays])  # fancy indexing: cheaper than np.take
 
     def _take_sourced(self, idx: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
-        self._taken += idx.shape[0]
-        if self._taken >= RELEASE_EVERY:  # bound the resident pages per-step reads touched
-            self._taken = 0
-            self.release()
-        rows = [a[idx] for a in self.arrays]
+        rows = [read(idx) for read in self._readers]
         return self._cast(rows) if self._casts else tuple(rows)
 
     def rows(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         """The rows at ``positions`` (row indices of the data), one array per variable."""
-        rows = [a[positions] for a in self.arrays]
+        positions = np.asarray(positions, dtype=np.int64)
+        rows = [read(positions) for read in self._readers] if self.data else [
+            a[positions] for a in self.arrays]
         return self._cast(rows) if self._casts else tuple(rows)
 
     def reduce(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
