@@ -9,6 +9,7 @@ reproducible draws of the same law for Dask (whose rows come from a background s
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import tracemalloc
@@ -193,6 +194,7 @@ def test_a_full_pass_copies_no_more_than_a_chunk(kind, tmp_path, monkeypatch):
     del x, y
     chunk_bytes = data_bytes * chunk // n
     variables, aliases = row_vars(logistic_model(*logistic_data(n=50)))
+    gc.collect()  # earlier tests' dropped Dask stores end their threads (they allocate)
     tracemalloc.start()
     try:
         # Zarr and Parquet are copied to a local file here, block by block.
@@ -412,6 +414,15 @@ def test_the_stream_thread_stops(data):
     store.start_step()
     store.take(10)
     store.close()
+    time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if t.name == "pymc_minibatch_mh-stream"]
+    # A store nobody holds any more (its step was dropped) ends its thread without close().
+    store.start_chain(np.random.default_rng(1))
+    store.start_step()
+    store.take(10)
+    assert [t for t in threading.enumerate() if t.name == "pymc_minibatch_mh-stream"]
+    del store
+    gc.collect()
     time.sleep(0.3)
     assert not [t for t in threading.enumerate() if t.name == "pymc_minibatch_mh-stream"]
 

@@ -66,8 +66,10 @@ class StreamBuffer:
         within a step are skipped by the store).
     seed : int
         Seed of the indices' generator (one draw from the chain's generator).
-    fetch : callable
-        ``fetch(sorted_indices) -> tuple of arrays``: the rows at sorted indices.
+    fetch : callable or weakref.WeakMethod
+        ``fetch(sorted_indices) -> tuple of arrays``: the rows at sorted indices. A weak
+        method lets its owner (the row store) be garbage collected while the thread runs;
+        the thread then ends.
     block, depth : int
         Rows per block, blocks queued ahead.
 
@@ -107,9 +109,13 @@ def _fill(q: queue.Queue[Any], stop: threading.Event, n_rows: int, seed: int,
     rng = np.random.default_rng(seed)  # used by this thread only: a fixed sequence
     while not stop.is_set():
         idx = rng.integers(0, n_rows, size=block, dtype=np.int64)
+        fetch_now = fetch() if isinstance(fetch, weakref.WeakMethod) else fetch
+        if fetch_now is None:  # the store was garbage collected: nothing to fetch for
+            return
         try:
             order = np.argsort(idx, kind="stable")
-            fetched = fetch(idx[order])
+            fetched = fetch_now(idx[order])
+            del fetch_now  # hold the store only while fetching
             rows = []
             for part in fetched:
                 out = np.empty_like(part)
@@ -185,7 +191,9 @@ class DaskRowStore(RowStore):
         """Start the chain's stream of rows, seeded by one draw from ``rng``."""
         self.close()
         seed = int(rng.integers(0, 2**63 - 1))
-        self._buffer = StreamBuffer(self.n_rows, seed, self._fetch)
+        # A weak reference: a store nobody uses any more (e.g. its step was dropped) is
+        # collected, and its thread ends, without a close().
+        self._buffer = StreamBuffer(self.n_rows, seed, weakref.WeakMethod(self._fetch))
         self._idx: NDArray[np.int64] = np.empty(0, dtype=np.int64)
         self._block_rows: tuple[NDArray[Any], ...] = ()
         self._pos = 0
