@@ -27,6 +27,7 @@ from pymc_minibatch_mh.adapter.reference import (
     _FULL_PASS_MODE,
     ControlVariateError,
     TaylorPasses,
+    add_chunks,
 )
 from pymc_minibatch_mh.core.control_variate import TaylorReference
 
@@ -226,8 +227,7 @@ class PredictorPasses(TaylorPasses):
         """Log-likelihood, ``A`` and ``B`` at ``x``: one counted pass over the rows."""
         parts = self.store.reduce(self._chunk_sums, x)
         self.evaluations += self.store.n_rows
-        total = math.fsum(p[0] for p in parts)
-        return total, np.sum([p[1] for p in parts], axis=0), np.sum([p[2] for p in parts], axis=0)
+        return add_chunks(parts)  # type: ignore[return-value]
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> PredictorReference:
         """``A``, ``B`` (and the θ-space G, H by the chain rule) at ``x``, checked finite."""

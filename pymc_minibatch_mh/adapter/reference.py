@@ -29,7 +29,8 @@ from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.adapter.progress import note
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 
-__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ChunkSums", "ControlVariateError", "TaylorPasses"]
+__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ChunkSums", "ControlVariateError", "TaylorPasses",
+           "add_chunks"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
@@ -46,6 +47,17 @@ _FULL_PASS_MODE = "FAST_RUN"
 
 class ControlVariateError(ValueError):
     """The control variates cannot be built; the message says why and what to do."""
+
+
+def add_chunks(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The per-chunk results ``(sum, *arrays)`` of a full pass, added up.
+
+    The sums are added with ``math.fsum``, the arrays element-wise; an array that is None
+    in the chunks stays None.
+    """
+    total = math.fsum(p[0] for p in parts)
+    return total, *[None if column[0] is None else np.sum(column, axis=0)
+                    for column in list(zip(*parts, strict=True))[1:]]
 
 
 class ChunkSums:
@@ -165,10 +177,7 @@ class TaylorPasses:
              f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
         parts = self.store.reduce(self._hessian_sums if hessian else self._gradient_sums, x)
         self.evaluations += self.store.n_rows
-        total = math.fsum(p[0] for p in parts)
-        g = np.sum([p[1] for p in parts], axis=0)
-        h = np.sum([p[2] for p in parts], axis=0) if hessian else None
-        return total, g, h
+        return add_chunks(parts)
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:
         """G and H at ``x`` (one counted pass), checked finite."""
@@ -286,11 +295,19 @@ class TaylorPasses:
     def _negative_log_posterior(self, x: NDArray[np.float64]) -> tuple[float, Any]:
         """Minus the full-data log posterior and its gradient (one gradient pass)."""
         loglik, g, _ = self._full_pass(x, hessian=False)
+        return self._negated_posterior(x, loglik, g)
+
+    def _negated_posterior(self, x: NDArray[np.float64], loglik: float, g: Any,
+                           scale: float = 1.0) -> tuple[float, Any]:
+        """``−(scale · loglik + prior)`` and its gradient at ``x`` (L-BFGS-B's objective).
+
+        ``+inf`` (and a zero gradient) where it is not finite.
+        """
         prior, prior_g, _ = self.prior(x)
-        value = -(loglik + float(prior))
+        value = -(scale * float(loglik) + float(prior))
         if not math.isfinite(value):
             return math.inf, np.zeros_like(x)
-        return value, -(g + prior_g)
+        return value, -(scale * g + prior_g)
 
     def _subsample_mode(self, x0: NDArray[np.float64]) -> NDArray[np.float64] | None:
         """L-BFGS-B's mode with ``N/m ·`` the log-likelihood of ``m`` evenly spaced rows.
@@ -305,12 +322,7 @@ class TaylorPasses:
         scale = n / m
 
         def objective(x: NDArray[np.float64]) -> tuple[float, Any]:
-            value, g = self._value_grad_fn(x, *rows)
-            prior, prior_g, _ = self.prior(x)
-            total = -(scale * float(value) + float(prior))
-            if not math.isfinite(total):
-                return math.inf, np.zeros_like(x)
-            return total, -(scale * g + prior_g)
+            return self._negated_posterior(x, *self._value_grad_fn(x, *rows), scale=scale)
 
         note(f"MAP search on a subsample of {m:,} of {n:,} rows")
         with np.errstate(all="ignore"):
@@ -331,9 +343,11 @@ class TaylorPasses:
         """
         ref, decrement, current, step = None, math.inf, -math.inf, None
         for _ in range(40):
+            prior_g = None
             try:
                 trial = self.reference_at(x, what="point the MAP search reached")
-                value = trial.loglik + float(self.prior(x)[0])
+                prior, prior_g, _ = self.prior(x)
+                value = trial.loglik + float(prior)
             except ControlVariateError:
                 trial, value = None, -math.inf
             if ref is not None and not value >= current - 1e-10 * abs(current):
@@ -343,7 +357,7 @@ class TaylorPasses:
             if trial is None:
                 break
             ref, current = trial, value
-            g_post = ref.gradient + self.prior(x)[1]
+            g_post = ref.gradient + prior_g
             precision = ref.precision()
             decrement = newton_decrement(g_post, precision)
             if decrement <= MAP_TOLERANCE or not math.isfinite(decrement):
