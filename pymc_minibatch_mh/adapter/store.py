@@ -339,19 +339,16 @@ class RowStore:
         """``count`` rows not yet taken in this step, uniformly at random, one per array."""
         idx = self._sampler.take(count)  # type: ignore[union-attr]
         if self.data:
-            return self._take_sourced(idx)
+            return self._read(idx)
         return tuple([a[idx] for a in self.arrays])  # fancy indexing: cheaper than np.take
 
-    def _take_sourced(self, idx: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
+    def _read(self, idx: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         rows = [read(idx) for read in self._readers]
         return self._cast(rows) if self._casts else tuple(rows)
 
     def rows(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         """The rows at ``positions`` (row indices of the data), one array per variable."""
-        positions = np.asarray(positions, dtype=np.int64)
-        rows = [read(positions) for read in self._readers] if self.data else [
-            a[positions] for a in self.arrays]
-        return self._cast(rows) if self._casts else tuple(rows)
+        return self._read(np.asarray(positions, dtype=np.int64))
 
     def reduce(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """``fn(*args, *chunk)`` for each chunk of a full pass (:meth:`chunks`), in order.

@@ -267,13 +267,12 @@ class DaskRowStore(RowStore):
         """
         import dask
 
-        n = self.n_rows
         self.check_unchanged()
         shipped = dask.delayed(fn, pure=True)
         apply = dask.delayed(_apply, pure=True)
-        tasks = [apply(shipped, args, self._casts, *[a[start:min(n, start + FULL_PASS_CHUNK)]
-                                                    for a in self.arrays])
-                 for start in range(0, n, FULL_PASS_CHUNK)]
+        tasks = [apply(shipped, args, self._casts,
+                       *[a[start:start + FULL_PASS_CHUNK] for a in self.arrays])
+                 for start in range(0, self.n_rows, FULL_PASS_CHUNK)]
         results = list(dask.compute(*tasks))
         self.check_unchanged()
         return results
