@@ -51,12 +51,15 @@ def parse_args(argv=None):
     parser.add_argument("--agree-draws", type=int, default=300_000)
     parser.add_argument("--timed-steps", type=int, default=3000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--kinds", default=None,
+                        help="stores to run, e.g. npy,npy-shuffled (default: all of a part)")
     parser.add_argument("--reuse-data", action="store_true",
                         help="large part: use the files a previous run left in --dir")
     args = parser.parse_args(argv)
     if args.quick:
         args.large_n, args.memory_n, args.agree_n = 2e5, 2e4, 5e4
         args.agree_draws, args.timed_steps = 30_000, 1000
+    args.kinds = args.kinds.split(",") if args.kinds else None
     for name in ("large_n", "memory_n", "agree_n"):
         setattr(args, name, int(getattr(args, name)))
     return args
@@ -115,7 +118,8 @@ def write_data(folder, n, kinds):
 
 
 def store_data(kind, folder):
-    """The data= mapping of one store kind."""
+    """The data= mapping of one store kind (``-shuffled``: the same, read from a shuffled copy)."""
+    kind = kind.removesuffix("-shuffled")
     if kind == "npy":
         return {"X": str(folder / "X.npy"), "y": str(folder / "y.npy")}
     if kind == "zarr":
@@ -170,7 +174,7 @@ def run_one(kind, folder, n, seed, draws, tune, timed_steps, out):
     else:
         data = store_data(kind, folder)
         x_slice, y_slice = (np.asarray(data["X"][:1000]), np.asarray(data["y"][:1000])) if (
-            kind in ("zarr", "dask")) else (None, None)
+            kind.startswith(("zarr", "dask"))) else (None, None)
         if x_slice is None:
             first = next(chunks_of_data(1000))
             x_slice, y_slice = first[1], first[2]
@@ -183,7 +187,8 @@ def run_one(kind, folder, n, seed, draws, tune, timed_steps, out):
         pm.Bernoulli("obs", logit_p=pt.dot(xd, b), observed=yd)
         started = time.perf_counter()
         step = MinibatchBarker(batch_size=100, control_variate="taylor", S="laplace",
-                               scaling=2.38 / math.sqrt(D), tune=False, data=data)
+                               scaling=2.38 / math.sqrt(D), tune=False, data=data,
+                               shuffled_copy=kind.endswith("-shuffled"))
         setup = time.perf_counter() - started
         started = time.perf_counter()
         # The chain starts at θ̂: PyMC's initial point (b = 0) is thousands of posterior
@@ -200,7 +205,8 @@ def run_one(kind, folder, n, seed, draws, tune, timed_steps, out):
         for _ in range(timed_steps):
             point, _ = step.step(point)
         per_step = (time.perf_counter() - started) / timed_steps
-    copy = 1 if kind in ("zarr", "parquet") else 0
+    # A local copy reads the data once; a shuffled copy reads the source and then the copy.
+    copy = 2 if kind.endswith("-shuffled") else 1 if kind in ("zarr", "parquet") else 0
     out.put({
         "kind": kind, "n": n, "setup_seconds": setup, "sampling_seconds": sampling,
         # local copy + MAP search and sums + the start-point check of the chain
@@ -235,7 +241,7 @@ def part_large(args, folder):
         print(f"(data written in {time.perf_counter() - started:.0f} s)\n")
     memory = in_process("memory", folder, args.memory_n, 1, 500, 200, args.timed_steps)
     rows = [memory]
-    for kind in ("npy", "zarr"):
+    for kind in args.kinds or ("npy", "npy-shuffled", "zarr", "zarr-shuffled"):
         rows.append(in_process(kind, folder, args.large_n, 1, 500, 200, args.timed_steps))
     print("| store | N | peak RSS (GiB) | set-up (s) | passes | µs per step | vs in memory |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -253,7 +259,8 @@ def part_agree(args, folder):
           f"({args.agree_draws:,} draws each, other seeds)\n")
     write_data(folder, args.agree_n, ("npy", "zarr", "parquet"))
     results = {}
-    for seed, kind in enumerate(("memory", "npy", "zarr", "parquet", "dask"), start=11):
+    kinds = args.kinds or ("npy", "npy-shuffled", "zarr", "parquet", "dask")
+    for seed, kind in enumerate(("memory", *kinds), start=11):
         results[kind] = in_process(kind, folder, args.agree_n, seed, args.agree_draws, 2000,
                                    200)
     ref = results["memory"]["draws"]

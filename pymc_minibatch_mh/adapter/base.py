@@ -150,6 +150,12 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         arrays. The model is built on a small in-memory slice of the rows (for shapes and
         dtypes); every per-row array must be given. See the guide's "Data bigger than
         memory" page.
+    shuffled_copy : bool
+        With ``data=``: write the arrays once to a local copy in a random row order (its
+        size on disk, two writes and two reads of the data at set-up) and read a step's
+        rows in blocks of 32 consecutive rows of it, one read per block instead of one per
+        row (:mod:`~pymc_minibatch_mh.adapter.shuffled`). Pays off on long runs. Default:
+        off.
 
     """
 
@@ -213,6 +219,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         proposal: Any = None,
         audit_every: int | None = None,
         data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         with setup_progress(type(self).__name__):
             started = time.perf_counter()
@@ -229,7 +236,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             note("compiling the per-row likelihood")
             self.likelihood = MinibatchLikelihood(
                 model, vars, initial_point=initial_point, mode=mode,
-                step_name=type(self).__name__, data=data,
+                step_name=type(self).__name__, data=data, shuffled_copy=shuffled_copy,
             )
             self.vars = self.likelihood.value_vars
             self.model = model

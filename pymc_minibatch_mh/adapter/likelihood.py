@@ -61,6 +61,9 @@ class MinibatchLikelihood:
     data : dict, optional
         Per-row data read instead of the model's (``{name: array}``; the model then holds
         a slice of the rows, for shapes), see :mod:`~pymc_minibatch_mh.adapter.sources`.
+    shuffled_copy : bool
+        Read the ``data=`` arrays from a shuffled local copy, in blocks of rows
+        (:mod:`~pymc_minibatch_mh.adapter.shuffled`).
 
     Raises
     ------
@@ -80,6 +83,7 @@ class MinibatchLikelihood:
         step_name: str = "MinibatchBarker",
         allow_discrete: bool = False,
         data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         self.model = model
         self.step_name = step_name
@@ -100,7 +104,8 @@ class MinibatchLikelihood:
         aliases = {rv.name: observed_source(model.rvs_to_values[rv])
                    for rv in model.observed_RVs}
         #: The only owner of the per-row data (see :mod:`~pymc_minibatch_mh.adapter.store`).
-        self.store = make_store(split.row_vars, resolve_data(split.row_vars, data, aliases))
+        self.store = make_store(split.row_vars, resolve_data(split.row_vars, data, aliases),
+                                shuffled_copy=shuffled_copy)
         # The split is validated on the model's own data (with data=: its slice).
         model_rows = RowStore(split.row_vars) if data else self.store
         self.n_rows_initial = self.store.n_rows

@@ -48,6 +48,7 @@ __all__ = [
     "DataStoreError",
     "NpyFile",
     "ParquetColumn",
+    "check_disk",
     "check_missing",
     "is_dask",
     "open_source",
@@ -143,6 +144,16 @@ def check_missing(name: str, block: NDArray[Any], start: int) -> None:
     )
 
 
+def check_disk(folder: Path, nbytes: int, what: str) -> None:
+    """Raise :class:`DataStoreError` if ``folder``'s file system lacks ``nbytes`` free."""
+    free = shutil.disk_usage(folder).free
+    if free < nbytes:
+        raise DataStoreError(
+            f"{what} needs {nbytes / 2**30:.2f} GiB in {folder}, which has "
+            f"{free / 2**30:.2f} GiB free. Point TMPDIR to a larger disk, or free space."
+        )
+
+
 def _libc_pread() -> Any:
     """``pread(2)`` of the C library (None where there is none, e.g. on Windows)."""
     try:
@@ -158,15 +169,20 @@ _PREAD = _libc_pread()
 
 
 @numba.njit(nogil=True)
-def _pread_rows(fd: int, offset: int, row_bytes: int, idx: NDArray[np.int64],
-                out: NDArray[Any]) -> int:  # pragma: no cover - compiled
-    # One pread per row, into the rows of out; the number of rows read in full.
+def _pread_runs(fd: int, offset: int, row_bytes: int, starts: NDArray[np.int64], run: int,
+                n_rows: int, out: NDArray[Any]) -> int:  # pragma: no cover - compiled
+    # One pread per run of rows starts[k] .. min(starts[k] + run, n_rows) - 1, packed into
+    # the rows of out; the number of rows read (less than asked when the file is short).
     address = out.ctypes.data
-    for k in range(idx.shape[0]):
-        if _PREAD(fd, address + k * row_bytes, row_bytes,
-                  offset + idx[k] * row_bytes) != row_bytes:
-            return k
-    return idx.shape[0]
+    k_rows = 0
+    for k in range(starts.shape[0]):
+        count = min(run, n_rows - starts[k])
+        size = count * row_bytes
+        if _PREAD(fd, address + k_rows * row_bytes, size,
+                  offset + starts[k] * row_bytes) != size:
+            return -1
+        k_rows += count
+    return k_rows
 
 
 class NpyFile:
@@ -233,15 +249,33 @@ class NpyFile:
             If the file is shorter than its header says (it changed).
 
         """
+        return self.read_runs(idx, 1)
+
+    def read_runs(self, starts: NDArray[np.int64], run: int) -> NDArray[Any]:
+        """Rows ``s, s + 1, …, s + run − 1`` for each ``s`` in ``starts`` (int64), in order.
+
+        A run stops at the last row of the file. One ``pread(2)`` per run.
+
+        Raises
+        ------
+        DataChangedError
+            If the file is shorter than its header says (it changed).
+
+        """
+        array = self.array
         if self._fd < 0:
-            return self.array[idx]
-        out = np.empty((idx.shape[0], *self.array.shape[1:]), self.array.dtype)
-        if _pread_rows(self._fd, self.offset, self.row_bytes, idx, out) != idx.shape[0]:
+            if run == 1:
+                return array[starts]
+            return np.concatenate([array[s:s + run] for s in starts.tolist()])
+        out = np.empty((starts.shape[0] * run, *array.shape[1:]), array.dtype)
+        got = _pread_runs(self._fd, self.offset, self.row_bytes, starts, run, array.shape[0],
+                          out)
+        if got < 0:
             raise DataChangedError(
                 f"{self.path} is shorter than when it was opened: it changed while a step "
                 "was reading it. Do not write to a data file while a chain uses it."
             )
-        return out
+        return out if got == out.shape[0] else out[:got]
 
     def release(self, start: int = 0, stop: int | None = None) -> None:
         """Hand the mapped pages of rows ``start:stop`` back to the kernel.
@@ -286,6 +320,8 @@ class _Chunked:
         folder = Path(tempfile.mkdtemp(prefix="pymc_minibatch_mh_"))
         path = folder / f"{self.name}.npy"
         try:
+            check_disk(folder, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
+                       f"The local copy of {self.name!r}")
             out = np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=self.shape)
             offset = out.offset
             del out

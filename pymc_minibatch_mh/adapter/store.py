@@ -36,6 +36,7 @@ from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.adapter.checks import ModelNotSupportedError
 from pymc_minibatch_mh.adapter.graph import data_value
+from pymc_minibatch_mh.adapter.shuffled import BLOCK_ROWS, ShufflePlan, write_shuffled
 from pymc_minibatch_mh.adapter.sources import (
     DataChangedError,
     DataStoreError,
@@ -108,7 +109,8 @@ def resolve_data(
 
 
 def make_store(
-    row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None
+    row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None,
+    shuffled_copy: bool = False,
 ) -> RowStore:
     """The row store for the data: a :class:`RowStore`, or a Dask store for Dask arrays.
 
@@ -118,6 +120,9 @@ def make_store(
         The model's per-row data variables.
     data : dict, optional
         From :func:`resolve_data`.
+    shuffled_copy : bool
+        Read the ``data=`` arrays from a shuffled local copy, in blocks
+        (:mod:`~pymc_minibatch_mh.adapter.shuffled`).
 
     Returns
     -------
@@ -126,11 +131,24 @@ def make_store(
         arrays is a Dask array (the others are then read through Dask too).
 
     """
+    if shuffled_copy not in (True, False):
+        raise ValueError(f"shuffled_copy must be True or False, got {shuffled_copy!r}.")
+    if shuffled_copy and not data:
+        raise DataStoreError(
+            "shuffled_copy=True copies the arrays given with data=, and there are none: the "
+            "model's in-memory rows are read at random positions cheaply. Drop "
+            "shuffled_copy, or give the per-row data with data=."
+        )
     if data and any(is_dask(value) for _, value in data.values()):
+        if shuffled_copy:
+            raise DataStoreError(
+                "shuffled_copy=True does not apply to Dask arrays: their store reads rows "
+                "through a local buffer refilled in the background. Drop shuffled_copy."
+            )
         from pymc_minibatch_mh.adapter.store_dask import DaskRowStore
 
         return DaskRowStore(row_vars, data)
-    return RowStore(row_vars, data)
+    return RowStore(row_vars, data, shuffled_copy=bool(shuffled_copy))
 
 
 class RowStore:
@@ -145,6 +163,11 @@ class RowStore:
         Position in ``row_vars`` → (name, array): data read instead of the model's values
         (see :func:`resolve_data` and :mod:`~pymc_minibatch_mh.adapter.sources`); the
         model then holds a slice of the rows, for shapes and dtypes.
+    shuffled_copy : bool
+        Write the ``data=`` arrays to a local copy in a uniformly random row order and read
+        blocks of rows from it (:mod:`~pymc_minibatch_mh.adapter.shuffled`): one read per
+        block instead of one per row. Positions (:meth:`rows`, :meth:`chunks`) are then
+        positions in the copy.
 
     Attributes
     ----------
@@ -158,10 +181,15 @@ class RowStore:
     """
 
     def __init__(
-        self, row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None
+        self, row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         self.row_vars = tuple(row_vars)
         self.data = dict(data or {})
+        #: Rows per block read by a step: :data:`~pymc_minibatch_mh.adapter.shuffled.BLOCK_ROWS`
+        #: from a shuffled copy (``shuffled_copy=True``), else 1 (rows at random positions).
+        self.block_rows = BLOCK_ROWS if shuffled_copy else 1
+        self._left: tuple[NDArray[Any], ...] = ()
         self.arrays: tuple[NDArray[Any], ...] = ()
         self.n_rows = 0
         self._sampler: PartialShuffleRows | None = None
@@ -187,22 +215,35 @@ class RowStore:
         return out
 
     # -------------------------------------------------------------- data= sources
-    def _open(self, i: int) -> NDArray[Any]:
-        """The array of a ``data=`` entry, (re)opened when its stamp changed."""
+    def _open(self, i: int) -> Any:
+        """The array of a ``data=`` entry, or its source when it is new or its stamp changed.
+
+        A source still has to be made local (:meth:`_local`), after the lengths are checked.
+        """
         name, value = self.data[i]
         self._check_placeholder(i)
         opened = self._opened.get(i)
         if opened is not None and opened[0] == self._stamp(opened[2], opened[1]):
             return opened[1]
-        source = open_source(name, value)
-        copied = hasattr(source, "copy_to_npy")  # checked for missing values while copied
-        local = source.copy_to_npy() if copied else source
+        return _Source(open_source(name, value))
+
+    def _local(self, i: int, opened: Any) -> NDArray[Any]:
+        """A new source as the store reads it: mapped, copied, or shuffled and copied."""
+        if not isinstance(opened, _Source):
+            return opened
+        name, source = self.data[i][0], opened.source
+        if self.block_rows > 1:
+            self._check_array(i, _array_like(source))
+            local = write_shuffled(name, source, _array_like(source).shape,
+                                   _array_like(source).dtype, ShufflePlan(len(opened)))
+        else:
+            local = source.copy_to_npy() if hasattr(source, "copy_to_npy") else source
         array = local.array if isinstance(local, NpyFile) else local
         self._check_array(i, array)
-        stamp_of = source if hasattr(source, "stamp") else None
+        stamp_of = source if hasattr(source, "stamp") else _ArrayStamp(source)
         self._opened[i] = (self._stamp(stamp_of, array), array, stamp_of,
                            local if isinstance(local, NpyFile) else None)
-        if not copied:
+        if local is source:  # read in place: checked for missing values at its first pass
             self._unchecked.add(i)
         return array
 
@@ -225,7 +266,7 @@ class RowStore:
     def _check_array(self, i: int, array: NDArray[Any]) -> None:
         name, var = self.name(i), self.row_vars[i]
         slice_ = self._placeholders[i]
-        if array.ndim != slice_.ndim or array.shape[1:] != slice_.shape[1:]:
+        if len(array.shape) != slice_.ndim or tuple(array.shape[1:]) != slice_.shape[1:]:
             raise DataStoreError(
                 f"data[{name!r}] has rows of shape {array.shape[1:]}, but the model's "
                 f"{name!r} has rows of shape {slice_.shape[1:]}. Build the model on a slice "
@@ -282,7 +323,8 @@ class RowStore:
         values = [self._open(i) if i in self.data else data_value(var)
                   for i, var in enumerate(self.row_vars)]
         lengths = {
-            self.name(i): int(v.shape[0]) if v.ndim else None for i, v in enumerate(values)
+            self.name(i): len(v) if isinstance(v, _Source) else int(v.shape[0]) if v.ndim
+            else None for i, v in enumerate(values)
         }
         distinct = set(lengths.values())
         if len(distinct) != 1 or None in distinct:
@@ -298,7 +340,7 @@ class RowStore:
             raise ModelNotSupportedError(
                 f"The observed data has {n} rows; a minibatch step needs at least 2."
             )
-        self.arrays = tuple(v if i in self.data else np.ascontiguousarray(v)
+        self.arrays = tuple(self._local(i, v) if i in self.data else np.ascontiguousarray(v)
                             for i, v in enumerate(values))
         # How rows at given positions are read: pread(2) for .npy files, else indexing.
         self._readers = tuple(
@@ -310,6 +352,9 @@ class RowStore:
         if not any(self._casts):
             self._casts = ()
         self.n_rows = int(n)  # type: ignore[arg-type]
+        if self.block_rows > 1:  # every row variable is a shuffled copy
+            self._blocks = tuple(self._opened[i][3].read_runs  # type: ignore[union-attr]
+                                 for i in range(len(self.row_vars)))
         return self.n_rows
 
     @property
@@ -326,21 +371,46 @@ class RowStore:
     # ------------------------------------------------------------ chain and step
     def start_chain(self, rng: np.random.Generator) -> None:
         """Start a chain's row draws (randomness from the chain's generator only)."""
-        self._sampler = PartialShuffleRows(self.n_rows, rng)
+        b = self.block_rows
+        self._sampler = PartialShuffleRows(-(-self.n_rows // b), rng)
 
     def start_step(self) -> None:
         """Open a step: rows taken from now on are new to it."""
         self._sampler.start_step()  # type: ignore[union-attr]
+        self._left = ()
 
     def _cast(self, rows: list[NDArray[Any]]) -> tuple[NDArray[Any], ...]:
         return cast_rows(rows, self._casts)
 
     def take(self, count: int) -> tuple[NDArray[Any], ...]:
-        """``count`` rows not yet taken in this step, uniformly at random, one per array."""
+        """``count`` rows not yet taken in this step, uniformly at random, one per array.
+
+        From a shuffled copy: the rows of blocks drawn uniformly at random (without
+        replacement) in order; the rest of a block waits for the step's next take.
+        """
+        if self.block_rows > 1:
+            return self._take_blocks(count)
         idx = self._sampler.take(count)  # type: ignore[union-attr]
         if self.data:
             return self._read(idx)
         return tuple([a[idx] for a in self.arrays])  # fancy indexing: cheaper than np.take
+
+    def _take_blocks(self, count: int) -> tuple[NDArray[Any], ...]:
+        b, left = self.block_rows, self._left
+        have = left[0].shape[0] if left else 0
+        if count > have:
+            sampler = self._sampler
+            parts = [left] if have else []
+            while have < count:  # once, unless the short last block was drawn
+                starts = sampler.take(-(-(count - have) // b)) * b  # type: ignore[union-attr]
+                new = [read(starts, b) for read in self._blocks]
+                parts.append(new)
+                have += new[0].shape[0]
+            left = (tuple(parts[0]) if len(parts) == 1
+                    else tuple([np.concatenate(p) for p in zip(*parts, strict=True)]))
+        self._left = tuple([a[count:] for a in left])
+        rows = [a[:count] for a in left]
+        return self._cast(rows) if self._casts else tuple(rows)
 
     def _read(self, idx: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         rows = [read(idx) for read in self._readers]
@@ -382,6 +452,31 @@ class RowStore:
         if sourced:
             self.check_unchanged()
             self._unchecked.difference_update(unchecked)
+
+
+class _Source:
+    """A ``data=`` source opened and not yet read by the store (see ``RowStore._open``)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return int(_array_like(self.source).shape[0])
+
+
+class _ArrayStamp:
+    """The stamp of an in-memory ``data=`` array: its shape and identity."""
+
+    def __init__(self, array: NDArray[Any]) -> None:
+        self.array = array
+
+    def stamp(self) -> tuple[Any, ...]:
+        return (self.array.shape, id(self.array))
+
+
+def _array_like(source: Any) -> Any:
+    """What has the source's shape and dtype (an array, or a chunked source itself)."""
+    return source.array if isinstance(source, NpyFile) else source
 
 
 def cast_rows(rows: Sequence[NDArray[Any]], casts: Sequence[Any]) -> tuple[NDArray[Any], ...]:

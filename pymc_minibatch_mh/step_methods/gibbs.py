@@ -95,9 +95,10 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         Scan order of the coordinates within a step.
     temperature : float, default 1.0
         K > 0: the likelihood is raised to 1/K (the prior is not).
-    model, rng, initial_point, mode, check_start, prefetch
+    model, rng, initial_point, mode, check_start, prefetch, data, shuffled_copy
         As for every step method of the package
-        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
+        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`); ``data=`` reads per-row
+        data larger than memory (the guide's "Data bigger than memory" page).
 
     Notes
     -----
@@ -182,6 +183,8 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         check_start: bool = True,
         prefetch: int | str = "auto",
         blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         model = modelcontext(model)
         self._validate(test, batch_size, epsilon, sigma, tolerance, early_decision, order)
@@ -199,7 +202,7 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         self.categories = category_counts(model, value_vars, point, step_name)
         self.likelihood = MinibatchLikelihood(
             model, value_vars, initial_point=point, mode=mode, step_name=step_name,
-            allow_discrete=True,
+            allow_discrete=True, data=data, shuffled_copy=shuffled_copy,
         )
         self.vars = self.likelihood.value_vars
         self.model = model
