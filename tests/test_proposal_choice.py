@@ -14,6 +14,7 @@ from pymc_minibatch_mh import AustereMH, MinibatchBarker
 from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
 from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal
 from pymc_minibatch_mh.adapter.proposal_choice import PROPOSAL_CODES
+from pymc_minibatch_mh.adapter.proposal_nuts import SurrogateNUTSProposal
 from pymc_minibatch_mh.adapter.proposal_surrogate import (
     CrankNicolsonProposal,
     SurrogateHMCProposal,
@@ -66,7 +67,8 @@ def test_proposal_settings_are_checked():
 @pytest.mark.parametrize(
     "kind, cls",
     [("crank_nicolson", CrankNicolsonProposal), ("mala", SurrogateLangevinProposal),
-     ("hmc", SurrogateHMCProposal), ("surrogate_transition", SurrogateTransitionProposal)],
+     ("hmc", SurrogateHMCProposal), ("surrogate_transition", SurrogateTransitionProposal),
+     ("surrogate_nuts", SurrogateNUTSProposal)],
 )
 def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(kind, cls):
     """Normal mean: the Taylor expansion and the Laplace fit are exact, so every surrogate
@@ -124,3 +126,39 @@ def test_dropping_the_log_q_ratio_is_detected(step_class):
     mean, sd = exact_posterior()
     z = abs(draws.mean() - mean) / mcse(draws)
     assert z > 4 or abs(draws.std() / sd - 1) > 0.12, (z, draws.std() / sd)
+
+
+def small_hierarchical_model(n=3000, groups=6, seed=4):
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, size=n)
+    x = rng.normal(size=n)
+    a = -0.3 + 0.6 * rng.normal(size=groups)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(a[g] + 0.8 * x)))).astype(np.int64)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 2.0)
+        tau = pm.HalfNormal("tau", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, shape=groups)
+        b = pm.Normal("b", 0.0, 2.0)
+        pm.Bernoulli("y", logit_p=mu + tau * z[g] + b * x, observed=y)
+    return model
+
+
+def test_auto_runs_nuts_on_the_surrogate_where_the_quantities_are_not_affine():
+    """Hierarchical intercepts: "auto" picks surrogate NUTS (a linear model: Crank–Nicolson);
+    its chains start at θ̂ and give the same draws with cores=1 and cores=2."""
+    with normal_model():
+        assert MinibatchBarker(control_variate="taylor").proposal.name == "crank_nicolson"
+    model = small_hierarchical_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor", batch_size=50)
+        assert isinstance(step.proposal, SurrogateNUTSProposal)
+        runs = [pm.sample(draws=30, tune=30, step=step, chains=2, cores=cores, mp_ctx="fork",
+                          discard_tuned_samples=False, **sample_kwargs(random_seed=3))
+                for cores in (1, 2)]
+    mu = [np.asarray(posterior(r)["mu"]) for r in runs]
+    np.testing.assert_array_equal(mu[0], mu[1])
+    assert np.unique(mu[0][0]).size > 5  # it moves
+    codes = np.asarray(sample_stats(runs[0])["proposal"])
+    assert np.all(codes == PROPOSAL_CODES["surrogate_nuts"])
+    with pytest.raises(ValueError, match="n_inner must be an integer"):
+        SurrogateNUTSProposal(step, n_inner=0)

@@ -333,6 +333,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
+        if hasattr(self.proposal, "start_chain"):
+            self.proposal.start_chain(rng)  # an inner sampler's generator, spawned too
         self.rng = rng = BufferedGenerator(rng)
         self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
         if self.uses_minibatches and self.batch_size > self._n_rows:
@@ -385,14 +387,17 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         """The chain's first step: checks of the point (and a start outside pm.sample).
 
         With a surrogate proposal during tuning, the chain starts from a draw of the
-        Laplace fit instead (tuning draws are discarded, so this changes no law).
+        Laplace fit instead, or from the proposal's ``start_point()`` (tuning draws are
+        discarded, so this changes no law).
         """
         if not self._started:
             self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
         check_same_model(self, point)
         surrogate = getattr(self.proposal, "surrogate", None)
         if surrogate is not None and self._tuning and self._tune_enabled:
-            draw = surrogate.theta_hat + surrogate.chol @ self.rng.standard_normal(surrogate.dim)
+            start = getattr(self.proposal, "start_point", None)
+            draw = start() if start is not None else (
+                surrogate.theta_hat + surrogate.chol @ self.rng.standard_normal(surrogate.dim))
             point = self.likelihood.point_map.to_point(draw, point)
         if self.check_start:
             self.likelihood.check_point(point)

@@ -25,6 +25,7 @@ __all__ = [
     "PYTENSOR_MAJOR",
     "ChainSetupMixin",
     "default_mode",
+    "start_inner_chain",
     "jvp",
     "group",
     "posterior",
@@ -53,6 +54,14 @@ class ChainSetupMixin:
     def setup_chain(self, rng: Any, tune: int, draws: int) -> None:
         """Prepare for one chain (PyMC 6.x hook)."""
         self._start_chain(get_random_generator(rng, copy=False))
+
+
+def start_inner_chain(step: Any, rng: Any) -> None:
+    """Give a PyMC step method used inside another step a chain's generator."""
+    if PYMC_MAJOR >= 6:
+        step.setup_chain(rng, 0, 0)
+    else:
+        step.set_rng(rng)
 
 
 def default_mode() -> str:

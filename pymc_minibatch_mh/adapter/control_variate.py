@@ -397,6 +397,11 @@ class TaylorEstimator(RatioEstimator):
         d = x - ref.theta
         return float(ref.gradient @ d + 0.5 * d @ (ref.hessian @ d))
 
+    def proxy_graph(self, flat: Any) -> Any:
+        """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared θ̂)."""
+        d = flat - self._theta
+        return pt.dot(self._gradient, d) + 0.5 * pt.dot(d, pt.dot(self._hessian, d))
+
     def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the full-data sum of the expansions at ``x``: ``G + H(x − θ̂)``.
 

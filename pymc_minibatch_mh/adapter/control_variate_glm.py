@@ -312,6 +312,11 @@ class PredictorTaylorEstimator(TaylorEstimator):
         d = np.asarray(coefficients(x)).reshape(-1) - ref.coef
         return float(ref.coef_gradient @ d + 0.5 * d @ (ref.coef_hessian @ d))
 
+    def proxy_graph(self, flat: Any) -> Any:
+        """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared A, B, ĉ)."""
+        d = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat}) - self._coef_hat
+        return pt.dot(self._coef_gradient, d) + 0.5 * pt.dot(d, pt.dot(self._coef_hessian, d))
+
     def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the full-data sum of the expansions at ``x``: ``Jᵀ(A + B(c(x) − ĉ))``.
 
