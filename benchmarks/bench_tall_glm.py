@@ -264,7 +264,8 @@ def scalars(draws: dict, names: list[str]) -> dict[str, np.ndarray]:
 
 def ess_rhat(sc: dict[str, np.ndarray]) -> tuple[float, float, float]:
     bulk = min(float(np.asarray(az.ess(a, method="bulk")).squeeze()) for a in sc.values())
-    tail = min(float(np.asarray(az.ess(a, method="tail")).squeeze()) for a in sc.values())
+    tail = min(float(np.asarray(az.ess(a, method="tail", prob=(0.05, 0.95))).squeeze())
+               for a in sc.values())
     rhat = max(float(np.asarray(az.rhat(a)).squeeze()) for a in sc.values())
     return bulk, tail, rhat
 

@@ -151,11 +151,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         dtypes); every per-row array must be given. See the guide's "Data bigger than
         memory" page.
     shuffled_copy : bool
-        With ``data=``: write the arrays once to a local copy in a random row order (its
-        size on disk, two writes and two reads of the data at set-up) and read a step's
-        rows in blocks of 32 consecutive rows of it, one read per block instead of one per
-        row (:mod:`~pymc_minibatch_mh.adapter.shuffled`). Pays off on long runs. Default:
-        off.
+        With ``data=``: read a step's rows in blocks of a shuffled local copy, written at
+        set-up (:mod:`~pymc_minibatch_mh.adapter.shuffled`; pays off on long runs).
 
     """
 
@@ -292,11 +289,10 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             self._chain_started = False
 
     def _declare_stats(self) -> None:
-        """Declare only the stats this step reports (PyMC stores every declared stat).
+        """Declare only the stats this step reports (each costs time on every draw).
 
         The audit's stats need ``audit_every``; the proposal's code and tuned parameter a
-        proposal with its own stats (the surrogate proposals); subclasses drop more in
-        :meth:`_unused_stats`. Each stored stat costs time on every draw.
+        proposal with ``stats()``; subclasses drop more in :meth:`_unused_stats`.
         """
         self._proposal_stats = hasattr(self.proposal, "stats")
         unused = set(self._unused_stats())
@@ -333,8 +329,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
-        if hasattr(self.proposal, "start_chain"):
-            self.proposal.start_chain(rng)  # an inner sampler's generator, spawned too
+        getattr(self.proposal, "start_chain", lambda rng: None)(rng)  # spawns its own too
         self.rng = rng = BufferedGenerator(rng)
         self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
         if self.uses_minibatches and self.batch_size > self._n_rows:
@@ -387,17 +382,16 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         """The chain's first step: checks of the point (and a start outside pm.sample).
 
         With a surrogate proposal during tuning, the chain starts from a draw of the
-        Laplace fit instead, or from the proposal's ``start_point()`` (tuning draws are
-        discarded, so this changes no law).
+        Laplace fit (or the proposal's ``start_point()``): tuning draws are discarded.
         """
         if not self._started:
             self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
         check_same_model(self, point)
-        surrogate = getattr(self.proposal, "surrogate", None)
-        if surrogate is not None and self._tuning and self._tune_enabled:
+        sur = getattr(self.proposal, "surrogate", None)
+        if sur is not None and self._tuning and self._tune_enabled:
             start = getattr(self.proposal, "start_point", None)
-            draw = start() if start is not None else (
-                surrogate.theta_hat + surrogate.chol @ self.rng.standard_normal(surrogate.dim))
+            xi = None if start else self.rng.standard_normal(sur.dim)
+            draw = start() if start else sur.theta_hat + sur.chol @ xi
             point = self.likelihood.point_map.to_point(draw, point)
         if self.check_start:
             self.likelihood.check_point(point)
