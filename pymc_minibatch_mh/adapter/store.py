@@ -232,14 +232,13 @@ class RowStore:
         if not isinstance(opened, _Source):
             return opened
         name, source = self.data[i][0], opened.source
+        like = _array_like(source)
+        self._check_array(i, like)  # before any copy: a copy keeps the shape and dtype
         if self.block_rows > 1:
-            self._check_array(i, _array_like(source))
-            local = write_shuffled(name, source, _array_like(source).shape,
-                                   _array_like(source).dtype, ShufflePlan(len(opened)))
+            local = write_shuffled(name, source, like.shape, like.dtype, ShufflePlan(len(opened)))
         else:
             local = source.copy_to_npy() if hasattr(source, "copy_to_npy") else source
         array = local.array if isinstance(local, NpyFile) else local
-        self._check_array(i, array)
         stamp_of = source if hasattr(source, "stamp") else _ArrayStamp(source)
         self._opened[i] = (self._stamp(stamp_of, array), array, stamp_of,
                            local if isinstance(local, NpyFile) else None)
