@@ -97,6 +97,22 @@ def test_whole_data_summary_hidden_at_start_point(kind):
             build()
 
 
+def test_wide_logistic_regression_is_not_refused():
+    """Regression: the split check jittered every coefficient by O(1), so with d = 100
+    the checked linear predictors reached |η| ≈ 25-35, where the model's own
+    (unstabilised) Bernoulli term loses digits that the split graph keeps, and a plain
+    logistic regression was refused as "cannot be split"."""
+    rng = np.random.default_rng(7)
+    n, d = 3000, 100
+    x = rng.normal(size=(n, d))
+    y = rng.random(n) < 0.5
+    with pm.Model():
+        b = pm.Normal("b", 0.0, 5.0, shape=d)
+        pm.Bernoulli("y", logit_p=pt.dot(x, b), observed=y)
+        step = MinibatchBarker(batch_size=5, tune=False)  # default mode: it rewrites the graph
+    assert step.likelihood.n_rows() == n
+
+
 @pytest.mark.parametrize("n", [3, 200])
 def test_per_observation_latent_variable(n):
     with pm.Model():

@@ -154,15 +154,27 @@ def _validation_points(
     Checking at the start point alone can miss a term that does not split per
     observation when a parameter happens to hide it there (``b * (x - x.mean())``
     with ``b = 0`` at the start point).
+
+    The jitter's size is divided by √(number of jittered scalars), so a linear predictor
+    over d of them moves by O(1) whatever d is. Measured: a fixed per-scalar jitter at
+    d = 50 moved η by about 10, and at η ≈ 25 the model's own (unstabilised) Bernoulli
+    term was off by 2·10⁻⁶ while the split graph was exact, which failed the check on a
+    plain logistic regression.
     """
+    jittered_vars = [
+        var.name
+        for var in model.value_vars
+        if var.name in point and np.asarray(point[var.name]).dtype.kind == "f"
+    ]
+    k = sum(np.size(point[name]) for name in jittered_vars)
     points = [dict(point)]
     for scale in (0.5, 1.5):
         jittered = dict(point)
-        for var in model.value_vars:
-            value = np.asarray(point.get(var.name))
-            if var.name in point and value.dtype.kind == "f":
-                noise = rng.standard_normal(value.shape) * scale * (1.0 + 0.1 * np.abs(value))
-                jittered[var.name] = (value + noise).astype(value.dtype)
+        for name in jittered_vars:
+            value = np.asarray(point[name])
+            size = scale / math.sqrt(max(k, 1)) * (1.0 + 0.1 * np.abs(value))
+            noise = rng.standard_normal(value.shape) * size
+            jittered[name] = (value + noise).astype(value.dtype)
         points.append(jittered)
     return points
 
