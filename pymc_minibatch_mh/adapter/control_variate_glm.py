@@ -218,8 +218,11 @@ def select(likelihood: MinibatchLikelihood) -> tuple[PredictorAnalysis | None, s
     Returns
     -------
     tuple
-        ``(analysis, reason)``: the analysis when the per-row-quantity expansion is
-        chosen, else None; ``reason`` says why (for logs and error messages).
+        ``(analysis, reason)``: the analysis when the per-row quantities decompose,
+        else None; ``reason`` says why (for logs and error messages). The expansion in
+        the per-row quantities is chosen when the analysis is not affine
+        (``analysis.is_affine()``); an affine one is the θ-space expansion, whose
+        full-data passes then use the analysis.
 
     """
     try:
@@ -229,7 +232,7 @@ def select(likelihood: MinibatchLikelihood) -> tuple[PredictorAnalysis | None, s
     except Exception as err:  # noqa: BLE001 - an unforeseen graph: the θ-space expansion
         return None, f"the analysis failed ({err.__class__.__name__}: {err})"
     if analysis.is_affine():
-        return None, ("every coefficient is affine in the parameters, so the expansion in "
+        return analysis, ("every coefficient is affine in the parameters, so the expansion in "
                       "the per-row quantities equals the θ-space expansion")
     return analysis, f"per-row quantities: {analysis.name}"
 
@@ -262,7 +265,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
     name: ClassVar[str] = "taylor_predictor"
     _strict_map: ClassVar[bool] = False  # see the module docstring: the last point is kept
 
-    __slots__ = ("analysis", "_coef_hat", "_coef_gradient", "_coef_hessian")
+    __slots__ = ("_coef_hat", "_coef_gradient", "_coef_hessian")
 
     def __init__(
         self,
@@ -274,9 +277,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
         recenter: float | None = None,
         step_name: str = "MinibatchBarker",
     ) -> None:
-        self.analysis = analysis
         super().__init__(likelihood, policy, reference=reference, recenter=recenter,
-                         step_name=step_name)
+                         step_name=step_name, analysis=analysis)
         _log.info("%s: control variates in the per-row quantities (%s)", step_name,
                   self.analysis.name)
 
