@@ -360,11 +360,13 @@ def run_package(cfg, model, args) -> Result:
         rows += float(np.asarray(ss["batch_size"]).sum())
         rows += float(np.asarray(ss["extra_evaluations"]).sum())
     post = posterior(idata)
-    mean_batch = float(np.asarray(sample_stats(idata)["batch_size"]).mean())
+    per_draw = int(getattr(step, "steps_per_draw", 1))
+    mean_batch = float(np.asarray(sample_stats(idata)["batch_size"]).mean()) / per_draw
     return Result("package", {k: np.asarray(post[k]) for k in free_names(cfg)}, setup,
                   sampling, rows, float(cv.setup_evaluations),
                   note=f"{'zero-config' if zero else 'fallback'}; {draws}+{tune} per chain; "
-                       f"mean batch {mean_batch:.0f}")
+                       f"{per_draw} transition(s) per draw; mean batch {mean_batch:.0f} rows "
+                       "per transition")
 
 
 # --------------------------------------------------------------------------- nutpie

@@ -92,7 +92,9 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
         assert np.all((rho >= 0) & (rho < 1)) and np.all(np.isnan(size))
     else:
         assert np.all(size > 0) and np.all(np.isnan(rho))
-    assert np.asarray(ss["batch_size"]).max() == 50  # residuals are 0: one round always
+    # residuals are 0: one round of 50 rows in each of the draw's transitions
+    assert step.steps_per_draw == 3
+    assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw
 
 
 class DroppedRatio:

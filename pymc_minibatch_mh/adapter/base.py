@@ -1,7 +1,7 @@
 r"""The shared PyMC step method of all minibatch acceptance tests: one transition.
 
-Every step method runs the same transition (:meth:`MinibatchStep.step`), a composition of
-four parts:
+Every step method runs the same transition (:meth:`MinibatchStep._transition`;
+``steps_per_draw`` of them per draw), a composition of four parts:
 
 1. map the point to the flat state θ (:class:`~pymc_minibatch_mh.adapter.pointmap.PointMap`);
 2. **propose** ``(θ′, log q-ratio)`` (:mod:`~pymc_minibatch_mh.adapter.proposal`);
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 from pymc.model import modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -41,6 +41,7 @@ from pymc_minibatch_mh.adapter.checks import (
 from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.adapter.control_variate import TaylorEstimator, make_estimator
 from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
+from pymc_minibatch_mh.adapter.inner_steps import merge_stats, resolve_steps_per_draw
 from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.adapter.progress import (
     note,
@@ -153,6 +154,9 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
     shuffled_copy : bool
         With ``data=``: read a step's rows in blocks of a shuffled local copy, written at
         set-up (:mod:`~pymc_minibatch_mh.adapter.shuffled`; pays off on long runs).
+    steps_per_draw : int or "auto"
+        Transitions per draw (:mod:`~pymc_minibatch_mh.adapter.inner_steps`, which says how
+        a draw's stats combine them). ``"auto"``: 3 with a surrogate proposal, else 1.
 
     """
 
@@ -217,6 +221,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         audit_every: int | None = None,
         data: Mapping[str, Any] | None = None,
         shuffled_copy: bool = False,
+        steps_per_draw: int | str = "auto",
     ) -> None:
         with setup_progress(type(self).__name__):
             started = time.perf_counter()
@@ -257,12 +262,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
             )
             self.proposal: Proposal = make_proposal(
                 proposal, S, dim=self.likelihood.point_map.size,
-                control_variate=self.control_variate, temperature=self._temperature,
-                gradient=self._surrogate_gradient if self.control_variate is not None else None,
-                log_density=(
-                    self._surrogate_log_density if self.control_variate is not None else None
-                ),
-                step=self,
+                control_variate=self.control_variate, temperature=self._temperature, step=self,
             )
             surrogate = hasattr(self.proposal, "surrogate")
             if surrogate and self.schedule is not None:
@@ -270,6 +270,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                     f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
                     "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
                 )
+            self.steps_per_draw = resolve_steps_per_draw(steps_per_draw, surrogate)
             if target_accept is None:
                 target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
             self.tuner = ScalingTuner(float(scaling), target=target_accept)
@@ -398,20 +399,18 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         self._chain_started = True
         return point
 
-    def _surrogate_log_density(self, x: NDArray[np.float64]) -> float:
-        """The surrogate log posterior (up to a constant): tempered proxy sum plus prior."""
-        proxy = self.control_variate.proxy_value(x)  # type: ignore[union-attr]
-        return proxy * float(self._inv_temperature) + self.likelihood.prior(x)
-
-    def _surrogate_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Gradient of the surrogate log posterior: tempered proxy sum plus the prior."""
-        proxy = self.control_variate.proxy_gradient(x)  # type: ignore[union-attr]
-        return proxy * float(self._inv_temperature) + self.likelihood.prior_gradient(x)
-
     def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One transition: map the point, propose, open the estimator, test, tune."""
+        """One draw: ``steps_per_draw`` transitions, their stats merged."""
         if not self._chain_started:
             point = self._begin_chain(point)
+        transitions = []
+        for _ in range(self.steps_per_draw):
+            point, (stats,) = self._transition(point)
+            transitions.append(stats)
+        return point, [merge_stats(transitions)]
+
+    def _transition(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One transition: map the point, propose, open the estimator, test, tune."""
         if self._next_change is not None and self._chain_steps >= self._next_change:
             self.temperature, self._step_factor = self.schedule(self._chain_steps)
             self._next_change = self.schedule.next_change(self._chain_steps)

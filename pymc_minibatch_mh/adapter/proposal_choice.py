@@ -50,7 +50,7 @@ from pymc_minibatch_mh.adapter.proposal_surrogate import (
 )
 from pymc_minibatch_mh.adapter.proposal_transition import SurrogateTransitionProposal
 
-__all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal", "proposal_stats"]
+__all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal", "proposal_stats", "surrogate_functions"]
 
 #: The names ``proposal=`` accepts.
 PROPOSALS: tuple[str, ...] = (
@@ -77,9 +77,7 @@ def make_proposal(
     dim: int,
     control_variate: Any,
     temperature: float,
-    gradient: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None,
     step: Any,
-    log_density: Callable[[NDArray[np.float64]], float] | None = None,
 ) -> Proposal:
     """The proposal of a step (see the module docstring).
 
@@ -95,12 +93,9 @@ def make_proposal(
         The step's control variates (their Laplace fit is the surrogate).
     temperature : float
         K of the surrogate (the likelihood's curvature is divided by K).
-    gradient : callable or None
-        Gradient of the surrogate log posterior at a flat state (for ``"mala"``/``"hmc"``).
-    log_density : callable or None
-        The surrogate log posterior (for ``"surrogate_transition"``).
     step : MinibatchStep
-        Handed to a callable ``proposal``.
+        Handed to a callable ``proposal``; the surrogate log posterior and its gradient
+        (:func:`surrogate_functions`) read its control variates and temperature.
 
     Returns
     -------
@@ -164,7 +159,7 @@ def make_proposal(
     surrogate = GaussianSurrogate(theta_hat, control_variate.laplace_covariance(temperature))
     if kind == "crank_nicolson":
         return CrankNicolsonProposal(surrogate)
-    assert gradient is not None
+    log_density, gradient = surrogate_functions(step)
     if kind == "mala":
         return SurrogateLangevinProposal(gradient, surrogate)
     if kind == "hmc":
@@ -173,8 +168,25 @@ def make_proposal(
         from pymc_minibatch_mh.adapter.proposal_nuts import SurrogateNUTSProposal
 
         return SurrogateNUTSProposal(step, surrogate)
-    assert log_density is not None
     return SurrogateTransitionProposal(log_density, gradient, surrogate)
+
+
+def surrogate_functions(step: Any) -> tuple[Callable[[NDArray[np.float64]], float],
+                                            Callable[[NDArray[np.float64]], NDArray[np.float64]]]:
+    """The surrogate log posterior (up to a constant) and its gradient at a flat state.
+
+    The step's control variates' closed-form sum at its current temperature plus the
+    prior's exact log density: no data are touched.
+    """
+    cv, lik = step.control_variate, step.likelihood
+
+    def log_density(x: NDArray[np.float64]) -> float:
+        return cv.proxy_value(x) * float(step._inv_temperature) + lik.prior(x)
+
+    def gradient(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        return cv.proxy_gradient(x) * float(step._inv_temperature) + lik.prior_gradient(x)
+
+    return log_density, gradient
 
 
 def _affine(control_variate: Any) -> bool:
