@@ -270,19 +270,25 @@ def ess_rhat(sc: dict[str, np.ndarray]) -> tuple[float, float, float]:
     return bulk, tail, rhat
 
 
-def agreement(sc: dict, ref: dict) -> tuple[float, float, str, str]:
-    """Largest |mean difference| / combined MCSE and |sd ratio − 1| over the scalars."""
-    z_max, sd_max, z_at, sd_at = 0.0, 0.0, "", ""
+def agreement(sc: dict, ref: dict) -> tuple[float, float, str, str, float]:
+    """Over the scalars: the largest |mean difference| / combined MCSE, the largest
+    |sd ratio − 1| (and where), and the largest |sd difference| / combined MCSE of the sd
+    (ArviZ's ``mcse(method="sd")``), which says whether an sd difference is more than
+    Monte Carlo noise."""
+    z_max, sd_max, z_at, sd_at, zsd_max = 0.0, 0.0, "", "", 0.0
     for k, a in sc.items():
         b = ref[k]
         se = math.hypot(mcse(a), mcse(b))
         z = abs(a.mean() - b.mean()) / se if se > 0 else math.inf
         r = abs(a.std() / b.std() - 1.0)
+        se_sd = math.hypot(mcse(a, method="sd"), mcse(b, method="sd"))
+        zsd = abs(a.std() - b.std()) / se_sd if se_sd > 0 else math.inf
         if z > z_max:
             z_max, z_at = z, k
         if r > sd_max:
             sd_max, sd_at = r, k
-    return z_max, sd_max, z_at, sd_at
+        zsd_max = max(zsd_max, zsd)
+    return z_max, sd_max, z_at, sd_at, zsd_max
 
 
 # --------------------------------------------------------------------------- this package
@@ -515,8 +521,9 @@ def config_table(cfg, results, dtype, ref_sc) -> tuple[list[str], dict]:
     lines = [f"## {cfg.label} (design {np.dtype(dtype).name})", "",
              "| sampler | min bulk ESS | min tail ESS | max R-hat | set-up s | sampling s "
              "| ESS/s | ESS/s incl. set-up | rows/ESS | rows/ESS incl. set-up "
-             "| max abs Δmean/MCSE | max abs(sd ratio − 1) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| max abs Δmean/MCSE | max abs(sd ratio − 1) | max abs Δsd/MCSE(sd) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: |"]
     stats = {}
     for r in results:
         sc = scalars(r.draws, free_names(cfg))
@@ -527,17 +534,17 @@ def config_table(cfg, results, dtype, ref_sc) -> tuple[list[str], dict]:
         rows_all = (None if r.rows_sampling is None or r.rows_setup is None
                     else (r.rows_sampling + r.rows_setup) / bulk)
         if ref_sc is not None and r.sampler != "nutpie":
-            z, sdr, z_at, sd_at = agreement(sc, ref_sc)
-            zs, sds = f"{z:.2f} ({z_at})", f"{sdr:.3f} ({sd_at})"
+            z, sdr, z_at, sd_at, zsd = agreement(sc, ref_sc)
+            zs, sds, zsds = f"{z:.2f} ({z_at})", f"{sdr:.3f} ({sd_at})", f"{zsd:.2f}"
         else:
             z = sdr = None
-            zs = sds = "ref" if r.sampler == "nutpie" else "n/a"
+            zs = sds = zsds = "ref" if r.sampler == "nutpie" else "n/a"
         stats[r.sampler] = dict(bulk=bulk, tail=tail, rhat=rhat, ess_s=ess_s,
                                 ess_s_all=ess_s_all, rows=rows, rows_all=rows_all, z=z, sdr=sdr)
         lines.append(
             f"| {r.sampler} | {bulk:,.0f} | {tail:,.0f} | {rhat:.3f} | {r.setup_s:.1f} "
             f"| {r.sampling_s:.1f} | {ess_s:.3g} | {ess_s_all:.3g} | {fmt(rows)} "
-            f"| {fmt(rows_all)} | {zs} | {sds} |")
+            f"| {fmt(rows_all)} | {zs} | {sds} | {zsds} |")
     lines.append("")
     lines += [f"- {r.sampler}: {r.note}" for r in results if r.note]
     return lines, stats

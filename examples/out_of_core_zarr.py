@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     draws = np.asarray(posterior(idata)["b"])
     ess = min(float(np.asarray(az.ess(draws[..., j])).squeeze()) for j in range(d))
     stats = sample_stats(idata)
-    steps = args.draws + args.tune
+    per_draw = step.steps_per_draw  # transitions per draw (3 with the surrogate proposal)
+    steps = (args.draws + args.tune) * per_draw
     result = {
         "n": n, "d": d,
         "write_seconds": write_seconds,
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ess_min": ess,
         "ess_per_second": ess / sample_seconds,
         "ess_per_second_with_setup": ess / (sample_seconds + setup_seconds),
-        "mean_batch_size": float(np.asarray(stats["batch_size"]).mean()),
+        "mean_batch_size": float(np.asarray(stats["batch_size"]).mean()) / per_draw,
         "peak_rss_gib": peak / 2**30,
         "peak_since": "set-up" if reset else "process start",
         "posterior_mean": draws.reshape(-1, d).mean(axis=0),
