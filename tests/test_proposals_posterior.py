@@ -115,7 +115,8 @@ def test_zero_config_matches_nuts_on_a_hierarchical_logistic_regression():
                          **sample_kwargs(random_seed=60))
         nuts = pm.sample(draws=2000, tune=1000, chains=2, cores=1, target_accept=0.9,
                          **sample_kwargs(random_seed=61))
-    assert float(np.asarray(sample_stats(ours)["batch_size"]).mean()) < 500
+    rows = float(np.asarray(sample_stats(ours)["batch_size"]).mean()) / step.steps_per_draw
+    assert rows < 500  # per transition
     import arviz as az
 
     for name in ("mu", "tau", "z", "b"):
