@@ -1,7 +1,7 @@
 r"""The shared PyMC step method of all minibatch acceptance tests: one transition.
 
-Every step method runs the same transition (:meth:`MinibatchStep._transition`;
-``steps_per_draw`` of them per draw), a composition of four parts:
+Every step method runs the same transition (``MinibatchStep._transition``; a draw,
+:meth:`MinibatchStep.step`, is ``steps_per_draw`` of them), a composition of four parts:
 
 1. map the point to the flat state θ (:class:`~pymc_minibatch_mh.adapter.pointmap.PointMap`);
 2. **propose** ``(θ′, log q-ratio)`` (:mod:`~pymc_minibatch_mh.adapter.proposal`);
