@@ -13,6 +13,7 @@ import numpy as np
 import pymc as pm
 import pytest
 from conftest import sample_kwargs
+from test_proposal_choice import normal_model
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
 from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
@@ -21,15 +22,6 @@ from pymc_minibatch_mh.adapter.inner_steps import (
     merge_stats,
     resolve_steps_per_draw,
 )
-
-Y = np.random.default_rng(5).normal(1.3, 2.0, size=3000)
-
-
-def normal_model():
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0.0, 10.0)
-        pm.Normal("y", mu, 2.0, observed=Y)
-    return model
 
 
 def test_auto_and_refusals():

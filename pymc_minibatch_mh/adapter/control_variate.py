@@ -142,7 +142,7 @@ def make_estimator(
         )
     from pymc_minibatch_mh.adapter import control_variate_glm as glm  # imports this module
 
-    analysis = None
+    analysis, per_row = None, kind == "taylor_predictor"
     if kind == "taylor":
         analysis, reason = glm.select(likelihood)
         per_row = analysis is not None and not analysis.is_affine()
@@ -150,7 +150,7 @@ def make_estimator(
             "%s: control_variate='taylor' uses the %s expansion (%s).", step_name,
             "per-row-quantity" if per_row else "θ-space", reason,
         )
-    if kind == "taylor_predictor" or (analysis is not None and not analysis.is_affine()):
+    if per_row:
         return glm.PredictorTaylorEstimator(
             likelihood, policy, analysis=analysis, reference=reference, recenter=recenter,
             step_name=step_name,
