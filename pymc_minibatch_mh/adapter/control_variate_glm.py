@@ -26,8 +26,9 @@ The same pass gives the θ-space sums by the chain rule, at no extra data cost:
 ``G = Jᵀ A`` and ``H = Jᵀ B J + Σ_k A_k ∇²c_k`` (J the Jacobian of c at θ̂), hence the
 Laplace covariance at θ̂ (``S="laplace"``) and the Newton steps of the MAP search.
 
-**Reference point.** L-BFGS-B on the full-data log posterior, then Newton steps (exact
-Hessians, one pass each) as for the θ-space expansion; when the Newton polishing does
+**Reference point.** L-BFGS-B on the full-data log posterior (or a subsample), then
+trust-region Newton steps (exact Hessians, one pass each) as for the θ-space expansion;
+when the Newton polishing does
 not reach :data:`~pymc_minibatch_mh.adapter.reference.MAP_TOLERANCE` (where the log
 posterior is not concave in θ, as in the funnel of a hierarchical model, the Newton
 decrement is infinite) the last point reached is accepted: any θ̂ gives an unbiased
