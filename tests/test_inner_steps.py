@@ -18,6 +18,7 @@ from test_proposal_choice import normal_model
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
 from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
 from pymc_minibatch_mh.adapter.inner_steps import (
+    NUTS_STEPS_PER_DRAW,
     SURROGATE_STEPS_PER_DRAW,
     merge_stats,
     resolve_steps_per_draw,
@@ -25,9 +26,16 @@ from pymc_minibatch_mh.adapter.inner_steps import (
 
 
 def test_auto_and_refusals():
-    assert resolve_steps_per_draw("auto", surrogate=True) == SURROGATE_STEPS_PER_DRAW == 3
-    assert resolve_steps_per_draw("auto", surrogate=False) == 1
-    assert resolve_steps_per_draw(5, surrogate=False) == 5
+    class Surrogate:
+        surrogate, name = object(), "crank_nicolson"
+
+    class SurrogateNUTS(Surrogate):
+        name = "surrogate_nuts"
+
+    assert resolve_steps_per_draw("auto", Surrogate()) == SURROGATE_STEPS_PER_DRAW == 3
+    assert resolve_steps_per_draw("auto", SurrogateNUTS()) == NUTS_STEPS_PER_DRAW == 9
+    assert resolve_steps_per_draw("auto", object()) == 1
+    assert resolve_steps_per_draw(5, object()) == 5
     with normal_model():
         assert MinibatchBarker(control_variate="taylor").steps_per_draw == 3
         assert MinibatchBarker(batch_size=50).steps_per_draw == 1

@@ -93,7 +93,7 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
     else:
         assert np.all(size > 0) and np.all(np.isnan(rho))
     # residuals are 0: one round of 50 rows in each of the draw's transitions
-    assert step.steps_per_draw == 3
+    assert step.steps_per_draw == (9 if kind == "surrogate_nuts" else 3)
     assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw
 
 

@@ -156,7 +156,8 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
         set-up (:mod:`~pymc_minibatch_mh.adapter.shuffled`; pays off on long runs).
     steps_per_draw : int or "auto"
         Transitions per draw (:mod:`~pymc_minibatch_mh.adapter.inner_steps`, which says how
-        a draw's stats combine them). ``"auto"``: 3 with a surrogate proposal, else 1.
+        a draw's stats combine them). ``"auto"``: 9 with NUTS on the surrogate, 3 with
+        another surrogate proposal, else 1.
 
     """
 
@@ -270,7 +271,7 @@ class MinibatchStep(ChainSetupMixin, BlockedStep):
                     f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
                     "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
                 )
-            self.steps_per_draw = resolve_steps_per_draw(steps_per_draw, surrogate)
+            self.steps_per_draw = resolve_steps_per_draw(steps_per_draw, self.proposal)
             if target_accept is None:
                 target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
             self.tuner = ScalingTuner(float(scaling), target=target_accept)
