@@ -88,6 +88,7 @@ class SurrogateNUTSProposal:
             )
         self.nuts = pm.NUTS(vars=[x], model=self.model, target_accept=target_accept,
                             max_treedepth=max_treedepth, potential=potential)
+        self._adaptation_window = potential.adaptation_window
         self._log_density = self.model.compile_logp()
         #: Whether NUTS adapts (set by the step during its tuning phase).
         self.tuning = False
@@ -108,6 +109,10 @@ class SurrogateNUTSProposal:
     def start_chain(self, rng: np.random.Generator) -> None:
         """A new chain: NUTS's adaptation restarts, its draws from a spawned generator."""
         start_inner_chain(self.nuts, rng.spawn(1)[0])
+        # PyMC's reset leaves the mass matrix's adaptation window as the last chain
+        # doubled it; restored, the chains in one process (cores=1) adapt as in fresh
+        # processes (cores>1), so both give the same draws.
+        self.nuts.potential.adaptation_window = self._adaptation_window
         self.nuts.reset_tuning()
 
     @property
