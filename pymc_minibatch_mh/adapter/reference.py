@@ -14,6 +14,7 @@ evaluated is counted in :attr:`TaylorPasses.evaluations`. The estimator that use
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -345,38 +346,34 @@ class TaylorPasses:
         if even ``x`` failed) and its decrement (inf where the Hessian is not negative
         definite).
         """
-        cache: dict[bytes, tuple[TaylorReference | None, float, Any]] = {}
+        @functools.lru_cache(maxsize=2)  # the accepted point and the last trial
+        def at(key: bytes) -> tuple[TaylorReference | None, float, Any, float]:
+            """Reference, log posterior, its gradient and the decrement: one pass."""
+            x = np.frombuffer(key, dtype=np.float64).copy()
+            try:
+                ref = self.reference_at(x, what="point the MAP search reached")
+            except ControlVariateError:
+                return None, -math.inf, None, math.inf
+            prior, prior_g, _ = self.prior(x)
+            g_post = ref.gradient + prior_g
+            return (ref, ref.loglik + float(prior), g_post,
+                    newton_decrement(g_post, ref.precision()))
 
-        def evaluate(x: NDArray[np.float64]) -> tuple[TaylorReference | None, float, Any]:
-            key = x.tobytes()
-            if key not in cache:
-                if len(cache) >= 2:  # keep the accepted point and the last trial
-                    cache.pop(next(iter(cache)))
-                try:
-                    ref = self.reference_at(x, what="point the MAP search reached")
-                    prior, prior_g, _ = self.prior(x)
-                    cache[key] = (ref, ref.loglik + float(prior), ref.gradient + prior_g)
-                except ControlVariateError:
-                    cache[key] = (None, -math.inf, None)
-            return cache[key]
-
-        best: list[Any] = [None, math.inf]
-
-        def accept(x: NDArray[np.float64]) -> bool:
-            ref, _, g_post = evaluate(x)
-            best[0], best[1] = ref, newton_decrement(g_post, ref.precision())
-            return best[1] <= MAP_TOLERANCE
+        def evaluate(x: Any) -> tuple[TaylorReference | None, float, Any, float]:
+            return at(np.asarray(x, dtype=np.float64).tobytes())
 
         def callback(intermediate_result: optimize.OptimizeResult) -> None:
-            if accept(np.asarray(intermediate_result.x, dtype=np.float64)):
+            if evaluate(intermediate_result.x)[3] <= MAP_TOLERANCE:
                 raise StopIteration
 
-        if evaluate(x)[0] is None or accept(x):
-            return best[0], best[1]
+        ref, _, _, decrement = evaluate(x)
+        if ref is None or decrement <= MAP_TOLERANCE:
+            return ref, decrement
         with np.errstate(all="ignore"):
-            optimize.minimize(
+            result = optimize.minimize(
                 lambda x: -evaluate(x)[1], x, jac=lambda x: -evaluate(x)[2],
                 hess=lambda x: evaluate(x)[0].precision(), method="trust-exact",
                 callback=callback, options={"maxiter": 50, "gtol": 0.0},
             )
-        return best[0], best[1]
+        ref, _, _, decrement = evaluate(result.x)  # the last accepted point (cached)
+        return ref, decrement
