@@ -6,7 +6,7 @@ minibatch step makes (tempered log-likelihood ratios of b random rows between tw
 parameter values, and the data-free part, in one call; the rows are gathered from the
 data as stored, inside the timed call), and the log prior at one point, under both
 backends, in the same run. The package's default backend per PyTensor line
-(:func:`pymc_minibatch_mh.adapter.compat.default_mode`) is the one this table favours.
+(:func:`pymc_minibatch_mh.model.compat.default_mode`) is the one this table favours.
 
 Run: ``python benchmarks/bench_backends.py``.
 """
@@ -21,9 +21,9 @@ import numpy as np
 import pymc as pm
 import pytensor
 
-from pymc_minibatch_mh.adapter.compat import default_mode
-from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.datasets import gaussian_mixture_data, gaussian_mixture_model
+from pymc_minibatch_mh.model.compat import default_mode
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 warnings.filterwarnings("ignore")
 MODES = ("FAST_RUN", "NUMBA")

@@ -39,7 +39,7 @@ import pytensor.tensor as pt
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 
 warnings.filterwarnings("ignore")
 OUT = Path(__file__).resolve().parent / "output"

@@ -53,9 +53,9 @@ import pymc as pm
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import default_mode, sample_stats
-from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.datasets import gaussian_mixture_data, gaussian_mixture_model
+from pymc_minibatch_mh.model.compat import default_mode, sample_stats
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 warnings.filterwarnings("ignore")
 START = {"theta": np.array([0.0, 1.0])}

@@ -26,7 +26,7 @@ import pymc as pm
 from scipy import special
 
 from pymc_minibatch_mh import MinibatchGibbs
-from pymc_minibatch_mh.adapter.compat import PYMC_MAJOR, posterior, sample_stats
+from pymc_minibatch_mh.model.compat import PYMC_MAJOR, posterior, sample_stats
 
 warnings.filterwarnings("ignore")
 BETA = np.array([0.3, -0.2, 0.1, 0.006, 0.004, 0.003, 0.002, 0.001, 0.0, 0.0])

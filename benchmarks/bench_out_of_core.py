@@ -128,7 +128,7 @@ def store_data(kind, folder):
         return {"X": zarr.open_array(str(folder / "X.zarr"), mode="r"),
                 "y": zarr.open_array(str(folder / "y.zarr"), mode="r")}
     if kind == "parquet":
-        from pymc_minibatch_mh.adapter.sources import ParquetColumn
+        from pymc_minibatch_mh.store.sources import ParquetColumn
 
         path = folder / "data.parquet"
         return {"X": ParquetColumn(path, [f"x{j}" for j in range(D)]),
@@ -158,7 +158,7 @@ def run_one(kind, folder, n, seed, draws, tune, timed_steps, out):
     import pytensor.tensor as pt
 
     from pymc_minibatch_mh import MinibatchBarker
-    from pymc_minibatch_mh.adapter.compat import posterior
+    from pymc_minibatch_mh.model.compat import posterior
 
     cluster = client = None
     if kind == "dask":
@@ -253,7 +253,7 @@ def part_large(args, folder):
 
 
 def part_agree(args, folder):
-    from pymc_minibatch_mh.adapter.compat import mcse
+    from pymc_minibatch_mh.model.compat import mcse
 
     print(f"\n## N = {args.agree_n:,}, d = {D}: every store against the in-memory sampler "
           f"({args.agree_draws:,} draws each, other seeds)\n")

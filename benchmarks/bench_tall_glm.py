@@ -77,7 +77,7 @@ import pytensor.tensor as pt
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import group, mcse, posterior, sample_stats
+from pymc_minibatch_mh.model.compat import group, mcse, posterior, sample_stats
 
 # Quiet the libraries' deprecation chatter, but keep UserWarnings: the package says
 # there when the zero-config step falls back (a silenced one hid a random-walk fallback).

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import pymc as pm  # noqa: E402
 
 from pymc_minibatch_mh import MinibatchBarker, audit_summary  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

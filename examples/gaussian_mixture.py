@@ -48,13 +48,13 @@ import pymc as pm  # noqa: E402
 from scipy.special import gammaln  # noqa: E402
 
 from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats  # noqa: E402
 from pymc_minibatch_mh.core.austere import worst_case_error  # noqa: E402
 from pymc_minibatch_mh.datasets import (  # noqa: E402
     gaussian_mixture_data,
     gaussian_mixture_model,
     log_posterior_grid,
 )
+from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
 
 PAPER_BATCH = (182.3, 11.4)
 LABELS = {"barker": "MinibatchBarker", "austere": "AustereMH(c)", "mhsublhd": "MHSubLhd"}

@@ -33,7 +33,7 @@ import pytensor.tensor as pt  # noqa: E402
 from scipy.special import expit  # noqa: E402
 
 from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -63,12 +63,12 @@ from pymc_minibatch_mh import (  # noqa: E402
     MinibatchBarker,
     TemperatureSchedule,
 )
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats  # noqa: E402
 from pymc_minibatch_mh.datasets import (  # noqa: E402
     augmented_mnist,
     load_mnist_1_vs_7,
     mnist_logistic_model,
 )
+from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
 
 METHODS = ("barker", "austere-nc", "austere-c", "mhsublhd")
 LABELS = {"barker": "MinibatchBarker", "austere-nc": "AustereMH(nc)",

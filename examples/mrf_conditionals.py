@@ -43,10 +43,10 @@ import pytensor.tensor as pt  # noqa: E402
 from scipy import special  # noqa: E402
 
 from pymc_minibatch_mh import MinibatchGibbs, get_correction  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import posterior  # noqa: E402
 from pymc_minibatch_mh.core.barker import BarkerTest  # noqa: E402
 from pymc_minibatch_mh.core.gibbs import gibbs_t_test  # noqa: E402
 from pymc_minibatch_mh.core.source import ArraySource  # noqa: E402
+from pymc_minibatch_mh.model.compat import posterior  # noqa: E402
 
 #: Appendix F.1: the observed maximum error of the conditional at ε = 0.01.
 PAPER_MAX_ERROR = {0.01: 0.01}

@@ -31,7 +31,7 @@ import pytensor.tensor as pt
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -3,7 +3,7 @@ r"""SGLD corrected by Metropolis-Hastings tests (Korattikara et al. 2014, §5.4,
 L1-regularised linear regression with one coefficient: ``N = 10,000`` rows
 ``y_i = 0.5 x_i + ξ_i``, ``ξ_i ~ N(0, 1/3)``, likelihood ``∝ exp(−λ/2 (y − θx)²)`` with
 ``λ = 3`` and a Laplace prior ``∝ exp(−λ0 |θ|)`` with ``λ0 = 4950``. SGLD moves
-(:class:`~pymc_minibatch_mh.adapter.proposal_sgld.StochasticLangevinProposal`) with step
+(:class:`~pymc_minibatch_mh.proposals.sgld.StochasticLangevinProposal`) with step
 size ``α = 5·10⁻⁶`` on minibatches of ``n = 500`` rows (5 % of N) are
 
 (c) always accepted (plain SGLD), or used as the proposal of
@@ -55,8 +55,8 @@ from numpy.typing import NDArray  # noqa: E402
 from scipy.special import log_ndtr, logsumexp  # noqa: E402
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats  # noqa: E402
-from pymc_minibatch_mh.adapter.proposal_sgld import StochasticLangevinProposal  # noqa: E402
+from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal  # noqa: E402
 
 #: Data used per test by AustereMH in the paper (§5.4), in % of N.
 PAPER = {"austere-0.1": 14.2, "austere-0.5": 5.0}

@@ -36,7 +36,7 @@ import pymc as pm  # noqa: E402
 from scipy import special  # noqa: E402
 
 from pymc_minibatch_mh import MinibatchGibbs  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
 
 #: True coefficients: three clear effects, two weak ones, five zeros.
 BETA = np.array([0.3, -0.2, 0.1, 0.012, 0.008, 0.0, 0.0, 0.0, 0.0, 0.0])

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import pymc as pm  # noqa: E402
 
 from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.adapter.compat import sample_stats  # noqa: E402
+from pymc_minibatch_mh.model.compat import sample_stats  # noqa: E402
 
 LEMMA_C = 0.0085
 

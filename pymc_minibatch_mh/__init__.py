@@ -11,16 +11,16 @@ bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapte
 :mod:`pymc_minibatch_mh.adapter`.
 """
 
-from pymc_minibatch_mh.adapter.likelihood import ModelNotSupportedError
-from pymc_minibatch_mh.adapter.schedule import TemperatureSchedule
-from pymc_minibatch_mh.adapter.sources import ParquetColumn
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.diagnostics import audit_summary
+from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
 from pymc_minibatch_mh.step_methods.exact import ExactMH
 from pymc_minibatch_mh.step_methods.gibbs import MinibatchGibbs
 from pymc_minibatch_mh.step_methods.subsampling import MHSubLhd
+from pymc_minibatch_mh.store.sources import ParquetColumn
+from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 
 __version__ = "0.1.0"
 

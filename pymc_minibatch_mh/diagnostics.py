@@ -2,7 +2,7 @@
 
 :func:`~pymc_minibatch_mh.audit_summary` reads the ``audited``, ``audit_disagree``, ``audit_error``,
 ``audit_kappa3`` and ``error_estimate`` stats of a run with ``audit_every`` set
-(see :mod:`~pymc_minibatch_mh.adapter.audit`) and returns, per chain and over all
+(see :mod:`~pymc_minibatch_mh.transition.audit`) and returns, per chain and over all
 chains, the audit's measurements with confidence intervals next to the mean of the
 error estimates the steps reported.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binomtest, norm
 
-from pymc_minibatch_mh.adapter.compat import mcse, sample_stats
+from pymc_minibatch_mh.model.compat import mcse, sample_stats
 
 __all__ = ["audit_summary"]
 
@@ -79,7 +79,7 @@ def audit_summary(result: Any, *, confidence: float = 0.95) -> pd.DataFrame:
     ----------
     result : arviz.InferenceData or xarray.DataTree
         What ``pm.sample`` returned for a step method with ``audit_every`` set (PyMC 5 or
-        6; read through :func:`~pymc_minibatch_mh.adapter.compat.sample_stats`).
+        6; read through :func:`~pymc_minibatch_mh.model.compat.sample_stats`).
     confidence : float
         Level of the confidence intervals.
 

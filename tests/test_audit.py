@@ -19,10 +19,10 @@ from conftest import nan_model, sample_kwargs
 from scipy.special import expit
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker, audit_summary
-from pymc_minibatch_mh.adapter.audit import AUDIT_STATS
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
 from pymc_minibatch_mh.core import acceptance_error as ae
 from pymc_minibatch_mh.core.correction import get_correction
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.transition.audit import AUDIT_STATS
 
 METHODS = [MinibatchBarker, AustereMH, MHSubLhd]
 

@@ -24,12 +24,14 @@ from pytensor.graph.traversal import graph_inputs
 from scipy.special import expit, gammaln, log_expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.adapter.control_variate import ControlVariateError, TaylorEstimator
-from pymc_minibatch_mh.adapter.control_variate_glm import PredictorTaylorEstimator, select
-from pymc_minibatch_mh.adapter.graph import is_data, leading_length
-from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood
-from pymc_minibatch_mh.adapter.predictor import DecompositionError, analyse
+from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.estimators.predictor import DecompositionError, analyse
+from pymc_minibatch_mh.estimators.predictor_analysis import select
+from pymc_minibatch_mh.estimators.predictor_taylor import PredictorTaylorEstimator
+from pymc_minibatch_mh.estimators.taylor import TaylorEstimator
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.model.graph import is_data, leading_length
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 
 # ------------------------------------------------------------------------ models
@@ -184,8 +186,8 @@ def test_affine_passes_match_hessian_vector_products(dtype):
     """An affine model keeps the θ-space expansion, but its full-data passes use the
     analysis (one Gram product per chunk, not d Hessian-vector products): the same
     log-likelihood, G and H at any point, also from a float32 design."""
-    from pymc_minibatch_mh.adapter.predictor_passes import PredictorPasses
-    from pymc_minibatch_mh.adapter.reference import TaylorPasses
+    from pymc_minibatch_mh.estimators.predictor_passes import PredictorPasses
+    from pymc_minibatch_mh.estimators.reference import TaylorPasses
 
     rng = np.random.default_rng(11)
     n, d = 3000, 6
@@ -436,7 +438,7 @@ def test_map_search_reaches_the_mode_of_a_tall_hierarchical_model():
     steps stopped there (decrement inf; "auto" then fell back to a random walk that did
     not mix at N = 10⁶); trust-region steps reach the mode. Checked with the model's own
     full-data gradient, in the metric of the Laplace fit."""
-    from pymc_minibatch_mh.adapter.reference import SUBSAMPLE_ROWS
+    from pymc_minibatch_mh.estimators.reference import SUBSAMPLE_ROWS
 
     n = 4 * SUBSAMPLE_ROWS + 10_000
     g, x, y = hier_data(n, seed=3)
@@ -490,7 +492,7 @@ def test_hierarchical_posterior_against_nuts():
 
 def test_unconverged_map_is_information_not_an_error(monkeypatch, small_hier):
     g, x, y, ref, step = small_hier
-    from pymc_minibatch_mh.adapter import reference as reference_module
+    from pymc_minibatch_mh.estimators import reference as reference_module
 
     # No point can pass this tolerance: the θ-space estimator refuses, this one accepts
     # the last point reached (unbiased at any θ̂) and reports the decrement.

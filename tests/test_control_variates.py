@@ -24,11 +24,11 @@ from conftest import sample_kwargs
 from scipy.special import expit, gammaln, log_expit
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker
-from pymc_minibatch_mh import ModelNotSupportedError as NotSupported
-from pymc_minibatch_mh.adapter import control_variate as cv_module
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.adapter.control_variate import ControlVariateError
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
+from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.errors import ModelNotSupportedError as NotSupported
+from pymc_minibatch_mh.estimators import taylor as cv_module
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 
 
 def moments_ok(draws, mean, sd, k=4.0):
@@ -211,7 +211,7 @@ def test_tall_data_map_starts_from_a_subsample(monkeypatch, control_variate):
     """Above 4 × SUBSAMPLE_ROWS rows the search starts from a subsample's mode: the same
     MAP (to the tolerance) as the full-data search, in fewer passes; without the Newton
     passes after it, the subsample's mode alone is many posterior sds off."""
-    from pymc_minibatch_mh.adapter import reference as reference_module
+    from pymc_minibatch_mh.estimators import reference as reference_module
 
     monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 20_000)
     x, y = logistic_data(200_000, seed=3)
@@ -482,7 +482,7 @@ def test_error_likelihood_depends_on_variables_of_another_step():
 
 def test_error_map_not_converged(monkeypatch):
     x = np.random.default_rng(16).normal(size=300)
-    from pymc_minibatch_mh.adapter import reference as reference_module
+    from pymc_minibatch_mh.estimators import reference as reference_module
 
     monkeypatch.setattr(reference_module, "MAP_TOLERANCE", -1.0)
     with normal_model(x):

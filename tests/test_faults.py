@@ -11,7 +11,7 @@ import pytest
 from conftest import nan_model, sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 
 def test_nan_loglik_rejects_counts_and_warns_once():

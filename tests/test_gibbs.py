@@ -18,10 +18,11 @@ import pytest
 from conftest import sample_kwargs
 from scipy import special
 
-from pymc_minibatch_mh import MinibatchBarker, MinibatchGibbs, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh import MinibatchBarker, MinibatchGibbs
 from pymc_minibatch_mh.core.gibbs import gibbs_t_test, logit_threshold, propose_category
 from pymc_minibatch_mh.core.source import ArraySource
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 FAST = dict(mode="FAST_COMPILE")
 

@@ -16,8 +16,8 @@ from conftest import sample_kwargs
 from test_proposal_choice import normal_model
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
-from pymc_minibatch_mh.adapter.inner_steps import (
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.transition.inner_steps import (
     NUTS_STEPS_PER_DRAW,
     SURROGATE_STEPS_PER_DRAW,
     merge_stats,

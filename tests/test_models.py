@@ -17,7 +17,7 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 N = 240
 RTOL = 1e-8

@@ -20,10 +20,12 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter import sources
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
-from pymc_minibatch_mh.adapter.sources import DataChangedError, DataStoreError, ParquetColumn
-from pymc_minibatch_mh.adapter.store import RowStore, make_store, resolve_data
+from pymc_minibatch_mh.errors import DataChangedError, DataStoreError
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.store import sources
+from pymc_minibatch_mh.store.registry import make_store, resolve_data
+from pymc_minibatch_mh.store.row_store import RowStore
+from pymc_minibatch_mh.store.sources import ParquetColumn
 
 N, D = 3000, 3
 STORES = ["numpy", "npy", "zarr", "parquet", "dask"]
@@ -78,8 +80,8 @@ def logistic_model(x, y):
 
 def row_vars(model):
     """The model's per-row data variables and their other names (as the likelihood finds them)."""
-    from pymc_minibatch_mh.adapter.graph import observed_source
-    from pymc_minibatch_mh.adapter.split import split_model
+    from pymc_minibatch_mh.model.graph import observed_source
+    from pymc_minibatch_mh.model.split import split_model
 
     split = split_model(model, model.value_vars, model.initial_point(), "test")
     aliases = {rv.name: observed_source(model.rvs_to_values[rv]) for rv in model.observed_RVs}
@@ -363,7 +365,7 @@ def test_dask_set_up_passes_are_reductions_on_the_cluster(data, monkeypatch, con
     """The start check, MAP search and control-variate sums run as tasks on the workers
     (the model's functions pickled there): no block comes back, and θ̂ is the in-memory one."""
     distributed = pytest.importorskip("distributed")
-    from pymc_minibatch_mh.adapter.store_dask import DaskRowStore
+    from pymc_minibatch_mh.store.dask_store import DaskRowStore
 
     x, y = data
     with logistic_model(x, y):
@@ -392,7 +394,7 @@ def test_dask_set_up_passes_are_reductions_on_the_cluster(data, monkeypatch, con
 
 def test_dask_posterior_agrees_with_the_in_memory_posterior(tmp_path):
     """Means within 4 combined MCSE and sds within 15 % (4,000 draws, N = 3,000)."""
-    from pymc_minibatch_mh.adapter.compat import mcse
+    from pymc_minibatch_mh.model.compat import mcse
 
     x, y = logistic_data()
     draws = {k: sample_b(k, x, y, tmp_path, draws=4000, tune=500)

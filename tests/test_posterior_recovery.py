@@ -16,7 +16,7 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 
 SIGMA_X, M0, S0 = 2.0, 0.0, 10.0
 

@@ -11,16 +11,16 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.adapter.proposal import RandomWalkProposal
-from pymc_minibatch_mh.adapter.proposal_choice import PROPOSAL_CODES
-from pymc_minibatch_mh.adapter.proposal_nuts import SurrogateNUTSProposal
-from pymc_minibatch_mh.adapter.proposal_surrogate import (
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.proposals.base import RandomWalkProposal
+from pymc_minibatch_mh.proposals.crank_nicolson import (
     CrankNicolsonProposal,
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
 )
-from pymc_minibatch_mh.adapter.proposal_transition import SurrogateTransitionProposal
+from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
+from pymc_minibatch_mh.proposals.registry import PROPOSAL_CODES
+from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
 
 Y = np.random.default_rng(5).normal(1.3, 2.0, size=4000)
 
@@ -118,7 +118,7 @@ def test_dropping_the_log_q_ratio_is_detected(step_class):
                           tune=False, scaling=1.0)
         # An independence sampler from a wider, shifted copy of the fit: the ratio matters.
         surrogate = step.proposal.surrogate
-        from pymc_minibatch_mh.adapter.proposal_surrogate import GaussianSurrogate
+        from pymc_minibatch_mh.proposals.crank_nicolson import GaussianSurrogate
 
         wide = GaussianSurrogate(surrogate.theta_hat + 2 * surrogate.chol[0],
                                  4.0 * surrogate.chol @ surrogate.chol.T)

@@ -19,8 +19,8 @@ from scipy.special import expit
 from scipy.stats import chisquare, norm
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior
-from pymc_minibatch_mh.adapter.proposal_sgld import StochasticLangevinProposal
+from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
 
 Z_MAX = 4.0
 N_BATCHES = 40

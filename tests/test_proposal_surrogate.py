@@ -15,7 +15,7 @@ import pytest
 from scipy.special import expit, log_expit
 from scipy.stats import multivariate_normal
 
-from pymc_minibatch_mh.adapter.proposal_surrogate import (
+from pymc_minibatch_mh.proposals.crank_nicolson import (
     CrankNicolsonProposal,
     GaussianSurrogate,
     SurrogateHMCProposal,
@@ -489,7 +489,9 @@ def test_names_and_constructor_checks():
 
 
 def test_proposal_surrogate_re_exports_the_split_modules():
-    from pymc_minibatch_mh.adapter import gaussian_surrogate, proposal_gradient, proposal_surrogate
+    from pymc_minibatch_mh.proposals import crank_nicolson as proposal_surrogate
+    from pymc_minibatch_mh.proposals import gradient as proposal_gradient
+    from pymc_minibatch_mh.proposals import surrogate as gaussian_surrogate
 
     assert proposal_surrogate.GaussianSurrogate is gaussian_surrogate.GaussianSurrogate
     for name in proposal_gradient.__all__:

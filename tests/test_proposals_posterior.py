@@ -14,7 +14,7 @@ from conftest import sample_kwargs
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import mcse, posterior
+from pymc_minibatch_mh.model.compat import mcse, posterior
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def test_zero_config_matches_nuts_on_a_hierarchical_logistic_regression():
     Every scalar's mean within 4 combined MCSE of NUTS's and its sd within 4 combined
     MCSE of the sd; R-hat below 1.01. Dropping the proposal's log-q ratio fails it.
     """
-    from pymc_minibatch_mh.adapter.compat import sample_stats
+    from pymc_minibatch_mh.model.compat import sample_stats
 
     model = hierarchical_model()
     with model:

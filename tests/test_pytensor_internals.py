@@ -13,7 +13,7 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.mode import Mode
 
-from pymc_minibatch_mh.adapter.pytensor_internals import (
+from pymc_minibatch_mh.model.internals import (
     DirectCall,
     direct_call,
     explicit_inputs_first,

@@ -19,9 +19,10 @@ import pytensor.tensor as pt
 import pytest
 from conftest import sample_kwargs
 
-from pymc_minibatch_mh import MinibatchBarker, ModelNotSupportedError, get_correction
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
+from pymc_minibatch_mh import MinibatchBarker, get_correction
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 FAST = dict(mode="FAST_COMPILE")
 SPLIT = "cannot be split per observation"

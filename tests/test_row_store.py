@@ -19,9 +19,9 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker
-from pymc_minibatch_mh.adapter.checks import ModelNotSupportedError
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.adapter.store import FULL_PASS_CHUNK, RowStore
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore
 
 
 def normal_mean_model(y):

@@ -32,7 +32,7 @@ from scipy import stats
 
 import pymc_minibatch_mh.core.barker as barker_module
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import PYMC_MAJOR, posterior
+from pymc_minibatch_mh.model.compat import PYMC_MAJOR, posterior
 
 #: CI's time limit allows the SBC runs (about 20 min per line) on the newest PyMC line
 #: only; on PyMC 5 they run with SBC_ALL_LINES=1 (they passed there with the same

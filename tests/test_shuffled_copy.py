@@ -21,11 +21,11 @@ from scipy import stats
 from test_out_of_core import _rewrite, logistic_data, logistic_model, row_vars, write_store
 
 from pymc_minibatch_mh import MinibatchBarker, MinibatchGibbs
-from pymc_minibatch_mh.adapter import shuffled, sources
-from pymc_minibatch_mh.adapter.compat import posterior
-from pymc_minibatch_mh.adapter.shuffled import BLOCK_ROWS, ShufflePlan, write_shuffled
-from pymc_minibatch_mh.adapter.sources import DataStoreError
-from pymc_minibatch_mh.adapter.store import make_store, resolve_data
+from pymc_minibatch_mh.errors import DataStoreError
+from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.store import shuffled, sources
+from pymc_minibatch_mh.store.registry import make_store, resolve_data
+from pymc_minibatch_mh.store.shuffled import BLOCK_ROWS, ShufflePlan, write_shuffled
 
 N, D = 3000, 3
 

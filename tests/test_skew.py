@@ -12,7 +12,6 @@ from conftest import sample_kwargs
 from scipy import stats
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import sample_stats
 from pymc_minibatch_mh.core import barker_decision, get_correction
 from pymc_minibatch_mh.core.barker import DONE, barker_rounds
 from pymc_minibatch_mh.core.calibration import barker_acceptance_error
@@ -25,6 +24,7 @@ from pymc_minibatch_mh.core.skew import (
     skew_topup,
     skew_topup_cumulant,
 )
+from pymc_minibatch_mh.model.compat import sample_stats
 
 CORRECTION = get_correction(1.0)
 

@@ -12,8 +12,9 @@ import pytensor.tensor as pt
 import pytest
 from conftest import sample_kwargs
 
-from pymc_minibatch_mh import MinibatchBarker, ModelNotSupportedError
-from pymc_minibatch_mh.adapter.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 
 EXPECTED_STATS = {
     "accepted": np.float64,

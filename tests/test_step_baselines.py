@@ -9,8 +9,8 @@ from conftest import sample_kwargs
 from test_posterior_recovery import check, run, tempered_posterior
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.compat import sample_stats
+from pymc_minibatch_mh.model.compat import sample_stats
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 STEPS = {
     "barker": (MinibatchBarker, dict(batch_size=50)),

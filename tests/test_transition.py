@@ -19,9 +19,6 @@ from conftest import nan_model, sample_kwargs
 from scipy import stats
 
 from pymc_minibatch_mh import ExactMH, MinibatchBarker
-from pymc_minibatch_mh.adapter.compat import posterior, sample_stats
-from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy
-from pymc_minibatch_mh.adapter.pointmap import PointMap
 from pymc_minibatch_mh.core.barker import (
     DONE,
     EARLY,
@@ -33,6 +30,9 @@ from pymc_minibatch_mh.core.barker import (
 )
 from pymc_minibatch_mh.core.correction import get_correction
 from pymc_minibatch_mh.core.source import ArraySource
+from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.model.pointmap import PointMap
 
 
 def mixture_model(n=30_000, seed=3):
@@ -246,7 +246,7 @@ def test_proposal_log_q_ratio_enters_the_test(step_class, with_ratio):
         idata = pm.sample(draws=4000, tune=0, step=step, chains=1, random_seed=3,
                           **{k: v for k, v in sample_kwargs().items() if k != "random_seed"})
     draws = np.asarray(posterior(idata)["mu"]).ravel()
-    from pymc_minibatch_mh.adapter.compat import mcse
+    from pymc_minibatch_mh.model.compat import mcse
 
     z = abs(draws.mean() - post_mean) / mcse(draws)
     sd_ratio = draws.std() / math.sqrt(post_var)

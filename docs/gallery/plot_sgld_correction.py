@@ -8,7 +8,7 @@ move (panel c) is badly biased: the Langevin noise sometimes throws the chain in
 valley left of the mode, where the gradient is huge and propels it far to the right.
 Used as the *proposal* of a Metropolis-Hastings test, with the exact log ratio of the
 proposal densities of the minibatch drawn
-(:class:`~pymc_minibatch_mh.adapter.proposal_sgld.StochasticLangevinProposal`), the same
+(:class:`~pymc_minibatch_mh.proposals.sgld.StochasticLangevinProposal`), the same
 moves sample the posterior, whether the test uses all the data (d) or a minibatch
 (AustereMH, e and f; MinibatchBarker, g).
 
@@ -56,7 +56,7 @@ fig.figimage(image)
 # its proposal::
 #
 #     from pymc_minibatch_mh import AustereMH
-#     from pymc_minibatch_mh.adapter.proposal_sgld import StochasticLangevinProposal
+#     from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
 #
 #     with model:
 #         step = AustereMH(batch_size=500, epsilon=0.1, scaling=5e-6, tune=False)

@@ -40,17 +40,14 @@ References
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 from scipy.special import stdtr
 from scipy.stats import moment
 
+from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.skew import acceptance_probability
-
-if TYPE_CHECKING:  # the test's module imports this one (its rounds call the estimate)
-    from pymc_minibatch_mh.core.barker import CorrectionSampler
 
 __all__ = [
     "barker_accept_probability",

@@ -63,6 +63,7 @@ __all__ = [
     "design_table",
     "sequential_test_error",
     "standardised_mean",
+    "threshold_t_test",
     "worst_case_error",
 ]
 
@@ -255,10 +256,10 @@ def austere_test(
     (True, True)
 
     """
-    return _threshold_t_test(log_threshold, rng, source, data_free, batch_size, epsilon)
+    return threshold_t_test(log_threshold, rng, source, data_free, batch_size, epsilon)
 
 
-def _threshold_t_test(threshold: Callable[..., tuple[float, float]], rng: np.random.Generator,
+def threshold_t_test(threshold: Callable[..., tuple[float, float]], rng: np.random.Generator,
                       source: MinibatchSource, data_free: float, batch_size: int,
                       epsilon: float) -> AustereOutcome:
     """The sequential t-test with ``μ0`` drawn by ``threshold`` (also the Gibbs test's)."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numba
 import numpy as np
 
 from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate, barker_probability
+from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.moments import (
     EDGEWORTH_SUP,
     chunk_moments,
@@ -54,16 +55,6 @@ DONE = 1
 EARLY = 2
 #: A non-finite Δ* (or NaN spread) stopped the test; the proposal is rejected.
 STOPPED = 3
-
-
-class CorrectionSampler(Protocol):
-    """What the test needs of a correction distribution."""
-
-    sigma: float
-
-    def sample(self, rng: np.random.Generator) -> float:
-        """One draw of ``X_corr``."""
-        ...
 
 
 @dataclass(slots=True)

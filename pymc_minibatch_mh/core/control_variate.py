@@ -28,7 +28,7 @@ This module holds the reference (θ̂, G, H) and what can be computed from it wi
 model: the closed-form sum, the Laplace precision and covariance, the distance of a state
 from θ̂ in that metric, and the Newton decrement used to check that a MAP search
 converged. The per-row residuals need the model; they are compiled in
-:mod:`pymc_minibatch_mh.adapter.control_variate`.
+:mod:`pymc_minibatch_mh.estimators.taylor`.
 
 References
 ----------

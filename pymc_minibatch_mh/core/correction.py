@@ -31,7 +31,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import scipy
@@ -62,6 +62,16 @@ _TABLES_DIR = Path(__file__).resolve().parent / "tables"
 _TABLE_PREFIX = "correction_sigma_"
 _FORMAT_VERSION = 1
 _SHIPPED_MATCH_TOL = 1e-12
+
+
+class CorrectionSampler(Protocol):
+    """What the test needs of a correction distribution."""
+
+    sigma: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        """One draw of ``X_corr``."""
+        ...
 
 
 def _validate_sigma(sigma: object) -> float:

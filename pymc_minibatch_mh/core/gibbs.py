@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from pymc_minibatch_mh.core.austere import AustereOutcome, _threshold_t_test
+from pymc_minibatch_mh.core.austere import AustereOutcome, threshold_t_test
 from pymc_minibatch_mh.core.common import draw_uniform
 from pymc_minibatch_mh.core.source import MinibatchSource
 
@@ -118,7 +118,7 @@ def gibbs_t_test(rng: np.random.Generator, source: MinibatchSource, data_free: f
     (True, True, True)
 
     """
-    return _threshold_t_test(logit_threshold, rng, source, data_free, batch_size, epsilon)
+    return threshold_t_test(logit_threshold, rng, source, data_free, batch_size, epsilon)
 
 
 def propose_category(rng: np.random.Generator, current: int, categories: int) -> int:

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core import austere
 from pymc_minibatch_mh.core.austere import DEFAULT_BATCH_SIZES, DEFAULT_EPSILONS, AustereOutcome
+from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["AustereMH"]
 
@@ -48,7 +48,7 @@ class AustereMH(MinibatchStep):
     **kwargs
         ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
         ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
-        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
 
     Notes
     -----

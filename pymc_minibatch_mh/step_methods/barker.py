@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.barker import BarkerOutcome, BarkerTest
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
+from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["MinibatchBarker"]
 
@@ -47,7 +47,7 @@ class MinibatchBarker(MinibatchStep):
     scaling : float, default 1.0
         Multiplies the proposal. With ``tune=True`` it is adapted during PyMC's tuning
         phase towards ``target_accept`` (see
-        :class:`~pymc_minibatch_mh.adapter.proposal.ScalingTuner`), then fixed.
+        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`), then fixed.
     tune : bool, default True
         Whether to tune ``scaling`` during the tuning phase.
     target_accept : float, default 0.25
@@ -71,7 +71,7 @@ class MinibatchBarker(MinibatchStep):
         Gaussian top-up when ``σ² − s²`` is too small for it). See
         :mod:`~pymc_minibatch_mh.core.skew` and the guide's calibration page.
     model, rng, initial_point, mode, check_start, prefetch
-        See :class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`; every step method
+        See :class:`~pymc_minibatch_mh.transition.step.MinibatchStep`; every step method
         takes these, and ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``.
 
     Notes

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
+from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["ExactMH"]
 
@@ -31,7 +31,7 @@ class ExactMH(MinibatchStep):
     **kwargs
         ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
         ``initial_point``, ``mode``, ``check_start``: as for every step method
-        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
 
     Notes
     -----

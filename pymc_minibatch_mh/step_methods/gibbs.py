@@ -20,22 +20,23 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.checks import check_batch_size, check_same_model
-from pymc_minibatch_mh.adapter.compat import ChainSetupMixin, call_cost_rows
-from pymc_minibatch_mh.adapter.discrete import category_counts
-from pymc_minibatch_mh.adapter.estimator import PrefetchPolicy, RatioEstimator
-from pymc_minibatch_mh.adapter.likelihood import MinibatchLikelihood, ModelNotSupportedError
 from pymc_minibatch_mh.core.barker import BarkerTest, TestOutcome
 from pymc_minibatch_mh.core.buffered import BufferedGenerator
 from pymc_minibatch_mh.core.correction import CorrectionDistribution
 from pymc_minibatch_mh.core.exact import exact_test
 from pymc_minibatch_mh.core.gibbs import gibbs_t_test, propose_category
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
+from pymc_minibatch_mh.model.checks import check_batch_size, check_same_model
+from pymc_minibatch_mh.model.compat import ChainSetupMixin, call_cost_rows
+from pymc_minibatch_mh.model.discrete import category_counts
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.step_methods.barker import (
     MinibatchBarker,
     barker_correction,
     check_barker_settings,
 )
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["MinibatchGibbs", "MinibatchGibbsState"]
 
@@ -97,7 +98,7 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         K > 0: the likelihood is raised to 1/K (the prior is not).
     model, rng, initial_point, mode, check_start, prefetch, data, shuffled_copy
         As for every step method of the package
-        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`); ``data=`` reads per-row
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`); ``data=`` reads per-row
         data larger than memory (the guide's "Data bigger than memory" page).
 
     Notes

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from pymc_minibatch_mh.adapter.base import MinibatchStep
-from pymc_minibatch_mh.adapter.estimator import RatioEstimator
 from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
+from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["MHSubLhd"]
 
@@ -52,7 +52,7 @@ class MHSubLhd(MinibatchStep):
     **kwargs
         ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
         ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
-        (:class:`~pymc_minibatch_mh.adapter.base.MinibatchStep`).
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
 
     Notes
     -----

@@ -1,1 +1,0 @@
-"""The PyMC adapter: model to per-observation likelihood, proposals, tuning, stats, compat."""

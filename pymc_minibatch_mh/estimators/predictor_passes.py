@@ -1,0 +1,284 @@
+r"""The full-data passes of the per-row-quantity expansion and its reference point.
+
+:class:`PredictorPasses` computes, in one pass over the row store at θ̂, the sufficient
+statistics ``A = Σ_i F_iᵀ g_i`` and ``B = Σ_i F_iᵀ H_i F_i`` of the expansion of
+:mod:`~pymc_minibatch_mh.estimators.predictor_taylor` and from them the θ-space gradient
+and Hessian by the chain rule; :class:`PredictorReference` holds them.
+``quantity_derivatives`` gives the per-row derivatives in the quantities that both
+the passes and the estimator's per-step function use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from numpy.typing import NDArray
+from pytensor.gradient import grad
+from pytensor.graph.rewriting.utils import rewrite_graph
+
+from pymc_minibatch_mh.core.control_variate import TaylorReference
+from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.estimators.reference import _FULL_PASS_MODE, TaylorPasses, add_chunks
+from pymc_minibatch_mh.model.graph import checks_as_ninf, clone_replace
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
+
+if TYPE_CHECKING:
+    from pymc_minibatch_mh.estimators.predictor_analysis import PredictorAnalysis
+
+__all__ = ["PredictorChunkSums", "PredictorPasses", "PredictorReference"]
+
+
+@dataclass(frozen=True)
+class PredictorReference(TaylorReference):
+    """A θ-space Taylor reference with the sums of the per-row-quantity expansion.
+
+    The :class:`~pymc_minibatch_mh.core.control_variate.TaylorReference` fields hold the
+    θ-space G and H (by the chain rule); the extra fields, the sufficient statistics.
+
+    Parameters
+    ----------
+    coef : numpy.ndarray
+        ``c(θ̂)``, shape ``(K,)``.
+    coef_gradient : numpy.ndarray
+        ``A = Σ_i F_iᵀ g_i``, shape ``(K,)``.
+    coef_hessian : numpy.ndarray
+        ``B = Σ_i F_iᵀ H_i F_i``, shape ``(K, K)``.
+
+    """
+
+    coef: NDArray[np.float64] | None = None
+    coef_gradient: NDArray[np.float64] | None = None
+    coef_hessian: NDArray[np.float64] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("coef", "coef_gradient", "coef_hessian"):
+            value = np.array(getattr(self, name), dtype=np.float64)
+            if name == "coef_hessian":
+                value = 0.5 * (value + value.T)
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    def coef_difference(self, c_cur: NDArray[np.float64], c_prop: NDArray[np.float64]) -> float:
+        """``A·d + ½ dᵀ B w``: the full-data sum of the proxies' differences."""
+        d = c_prop - c_cur
+        w = c_prop + c_cur - 2.0 * self.coef
+        return float(self.coef_gradient @ d + 0.5 * d @ (self.coef_hessian @ w))
+
+
+
+# ----------------------------------------------------------------------- passes
+class PredictorChunkSums:
+    """Log-likelihood, ``A`` and ``B`` over one chunk of rows (see :class:`PredictorPasses`).
+
+    A picklable callable (the compiled sums and the terms' layout only): a Dask row store
+    sends it to the workers (:meth:`~pymc_minibatch_mh.store.row_store.RowStore.reduce`).
+
+    Parameters
+    ----------
+    sums_fn : pytensor.compile.function.types.Function
+        ``(x, *rows) -> (loglik, g, h, *features)`` per row.
+    analysis : PredictorAnalysis
+        The expansion (its terms' layout is copied).
+    pairs : list of tuple
+        The quantity pairs ``(j, j2)`` of the columns of ``h``.
+
+    """
+
+    def __init__(self, sums_fn: Any, analysis: PredictorAnalysis,
+                 pairs: list[tuple[int, int]]) -> None:
+        self.sums_fn = sums_fn
+        self.pairs = pairs
+        self.terms = [(t.kind, t.feature is not None) for t in analysis.terms]
+        self.sizes = list(analysis.sizes)
+        self.owner = list(analysis.term_quantity)
+        self.slices = list(analysis.slices)
+        self.n_coef = analysis.n_coef
+
+    def __call__(self, x: NDArray[np.float64], *chunk: NDArray[Any]) -> tuple[Any, ...]:
+        """``(loglik, A, B)`` of the chunk at ``x``."""
+        k, owner, slices = self.n_coef, self.owner, self.slices
+        a = np.zeros(k)
+        b = np.zeros((k, k))
+        loglik, g, h, *features = self.sums_fn(x, *chunk)
+        blocks = self._blocks(features, g.shape[0])
+        for t, bt in enumerate(blocks):
+            a[slices[t]] += self._left(bt, g[:, owner[t]])
+        for p, (j, j2) in enumerate(self.pairs):
+            hjl = h[:, p]
+            if not np.any(hjl):
+                continue
+            for t, bt in enumerate(blocks):
+                if owner[t] != j:
+                    continue
+                for s, bs in enumerate(blocks):
+                    if owner[s] != j2 or (j == j2 and s < t):
+                        continue
+                    block = np.asarray(self._gram(bt, bs, hjl))
+                    b[slices[t], slices[s]] += block
+                    if (j, t) != (j2, s):
+                        b[slices[s], slices[t]] += block.T
+        return float(loglik), a, b
+
+    def _blocks(self, features: list[NDArray[Any]], n: int) -> list[tuple[Any, ...]]:
+        """Per term: ``("dense", X (n, K))`` or ``("index", idx, weight or None, G)``."""
+        out = []
+        pos = 0
+        for (kind, has_feature), size in zip(self.terms, self.sizes, strict=True):
+            if kind == "index":
+                idx = features[pos]
+                pos += 1
+                weight = None
+                if has_feature:
+                    weight = features[pos]
+                    pos += 1
+                idx = np.where(idx < 0, idx + size, idx)
+                out.append(("index", idx, weight, size))
+            elif not has_feature:
+                out.append(("dense", np.ones((n, 1))))
+            else:
+                f = features[pos]
+                pos += 1
+                out.append(("dense", f.reshape(n, -1)))
+        return out
+
+    @staticmethod
+    def _left(block: tuple[Any, ...], v: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``F_tᵀ v``."""
+        if block[0] == "dense":
+            return block[1].T @ v
+        _, idx, weight, size = block
+        return np.bincount(idx, weights=v if weight is None else weight * v, minlength=size)
+
+    @staticmethod
+    def _gram(bt: tuple[Any, ...], bs: tuple[Any, ...], h: NDArray[np.float64]) -> Any:
+        """``F_tᵀ diag(h) F_s``."""
+        if bt[0] == "dense" and bs[0] == "dense":
+            return (bt[1] * h[:, None]).T @ bs[1]
+        if bt[0] == "index" and bs[0] == "index":
+            _, it, wt, gt = bt
+            _, is_, ws, gs = bs
+            weights = h if wt is None else h * wt
+            weights = weights if ws is None else weights * ws
+            return np.bincount(it * gs + is_, weights=weights, minlength=gt * gs).reshape(
+                gt, gs
+            )
+        if bt[0] == "dense":
+            return PredictorChunkSums._gram(bs, bt, h).T
+        _, it, wt, gt = bt
+        x = bs[1]
+        weights = h if wt is None else h * wt
+        return np.column_stack(
+            [np.bincount(it, weights=weights * x[:, k], minlength=gt) for k in range(x.shape[1])]
+        )
+
+
+class PredictorPasses(TaylorPasses):
+    """Full-data passes of the per-row-quantity expansion (and the MAP search).
+
+    :meth:`reference_at` computes ``A``, ``B`` and the log-likelihood in one pass over
+    the row store (chunks; O(K²) memory) and the θ-space gradient and Hessian from them
+    by the chain rule. The MAP search is that of
+    :meth:`~pymc_minibatch_mh.estimators.reference.TaylorPasses.find_map`, whose Newton
+    steps therefore cost one pass each.
+    """
+
+    def __init__(self, likelihood: MinibatchLikelihood, step_name: str,
+                 analysis: PredictorAnalysis) -> None:
+        self.analysis = analysis
+        super().__init__(likelihood, step_name)
+        self._compile_sums()
+
+    def _compile_sums(self) -> None:
+        an = self.analysis
+        graphs = self.likelihood.graphs
+        flat, data = graphs.flat, list(graphs.data)
+        g, h, loglik = quantity_derivatives(an, flat)
+        features = []
+        n = an.n_batch
+        for t in an.terms:
+            if t.kind == "index":
+                features.append(pt.as_tensor(an.rows(t.index)).astype("int64"))
+                if t.feature is not None:
+                    features.append(pt.broadcast_to(an.rows(t.feature).astype("float64"), (n,)))
+            elif t.feature is not None:
+                f = an.rows(t.feature).astype("float64")
+                shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
+                features.append(pt.broadcast_to(f, shape))
+        h_pairs = h
+        h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
+        outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
+        fn = pytensor.function([flat, *data], outputs, mode=_FULL_PASS_MODE,
+                               on_unused_input="ignore")
+        fn.trust_input = True
+        self._chunk_sums = PredictorChunkSums(fn, an, [(j, j2) for j, j2, _ in h_pairs])
+
+    def sums(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64],
+                                                    NDArray[np.float64]]:
+        """Log-likelihood, ``A`` and ``B`` at ``x``: one counted pass over the rows."""
+        parts = self.store.reduce(self._chunk_sums, x)
+        self.evaluations += self.store.n_rows
+        return add_chunks(parts)  # type: ignore[return-value]
+
+    def reference_at(self, x: NDArray[np.float64], what: str) -> PredictorReference:
+        """``A``, ``B`` (and the θ-space G, H by the chain rule) at ``x``, checked finite."""
+        an = self.analysis
+        with np.errstate(all="ignore"):
+            loglik, a, b = self.sums(x)
+        ok = math.isfinite(loglik) and np.all(np.isfinite(a)) and np.all(np.isfinite(b))
+        if ok:
+            jac = an.jacobian(x)
+            g = jac.T @ a
+            h = jac.T @ b @ jac + an.curvature(x, a)
+            ok = np.all(np.isfinite(g)) and np.all(np.isfinite(h))
+        if not ok:
+            raise ControlVariateError(
+                f"The log-likelihood or its derivatives are not finite at the {what} "
+                f"({self.describe(x)}): log-likelihood {loglik}. Give a reference= point "
+                "where every observation has positive likelihood, or use "
+                "control_variate=None."
+            )
+        _, _, prior_h = self.prior(x, hessian=True)
+        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
+        return PredictorReference(
+            x.copy(), g, h, prior_h, loglik=loglik, coef=an.coefficients(x),
+            coef_gradient=a, coef_hessian=b,
+        )
+
+
+def quantity_derivatives(
+    an: PredictorAnalysis, at: Any
+) -> tuple[list[Any], list[tuple[int, int, Any]], Any]:
+    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` at ``q(at)`` on a row batch.
+
+    The second derivatives come as ``(j, k, H_jk)`` with ``j ≤ k``.
+    """
+    preds = an.predictors
+    m = len(preds.quantities)
+    q = [pt.vector(f"q{j}", dtype="float64") for j in range(m)]
+    (loglik,) = checks_as_ninf([an.rows(preds.loglik(q))])
+    # Stabilise (log(sigmoid(η)) -> -softplus(-η), ...) before differentiating.
+    loglik = rewrite_graph(loglik, include=("canonicalize", "stabilize"))
+    total = pt.sum(loglik)
+    g = [grad(total, q[j], disconnected_inputs="ignore") for j in range(m)]
+    pairs = []
+    for j in range(m):
+        for j2 in range(j, m):
+            # None where ℓ_i does not depend on both (two observed variables).
+            hjl = grad(pt.sum(g[j]), q[j2], disconnected_inputs="ignore",
+                       return_disconnected="none")
+            if hjl is not None:
+                pairs.append((j, j2, hjl))
+    n = an.n_batch
+    q_at = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
+            for quant in preds.quantities]
+    q_at = clone_replace(q_at, {an.likelihood.graphs.flat: at})
+    out = clone_replace([*g, *(h for _, _, h in pairs), loglik],
+                        dict(zip(q, q_at, strict=True)))
+    h_out = [(j, j2, h) for (j, j2, _), h in zip(pairs, out[m:-1], strict=True)]
+    return out[:m], h_out, out[-1]

@@ -1,0 +1,376 @@
+"""The reference point of the Taylor control variates: MAP search and full-data passes.
+
+:class:`TaylorPasses` computes, over all rows of the row store in bounded-memory chunks,
+the log-likelihood's sum, gradient G and Hessian H at a point (Hessian-vector products,
+one per coordinate), and finds θ̂ as the mode of the full-data log posterior over the
+sampled variables (flat, transformed space; the other free variables held at the initial
+point): SciPy's L-BFGS-B on a subsample (tall data) or on the compiled full-data log
+posterior and its gradient, then trust-region Newton steps (SciPy's ``trust-exact``, one
+pass each) until the Newton decrement (the distance to the mode in posterior standard
+deviations) is below :data:`MAP_TOLERANCE`. Every row
+evaluated is counted in :attr:`TaylorPasses.evaluations`. The estimator that uses θ̂, G and H is
+:mod:`~pymc_minibatch_mh.estimators.taylor`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from numpy.typing import NDArray
+from pytensor.gradient import grad
+from scipy import optimize
+
+from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
+from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.model.graph import checks_as_ninf
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
+from pymc_minibatch_mh.progress import note
+
+__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ChunkSums", "TaylorPasses",
+           "add_chunks"]
+
+#: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
+#: accepted for the MAP found by the package.
+MAP_TOLERANCE: float = 1e-3
+
+#: Rows of the subsample whose mode starts the MAP search on data with more than four
+#: times as many rows (:meth:`TaylorPasses.find_map`).
+SUBSAMPLE_ROWS: int = 50_000
+
+# PyTensor mode of the full-data passes (MAP search and G, H). PyTensor's C backend ran
+# them 1–3 × faster than Numba on chunks of 2^18 rows (logistic regression, d = 10).
+_FULL_PASS_MODE = "FAST_RUN"
+
+
+def add_chunks(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The per-chunk results ``(sum, *arrays)`` of a full pass, added up.
+
+    The sums are added with ``math.fsum``, the arrays element-wise; an array that is None
+    in the chunks stays None.
+    """
+    total = math.fsum(p[0] for p in parts)
+    return total, *[None if column[0] is None else np.sum(column, axis=0)
+                    for column in list(zip(*parts, strict=True))[1:]]
+
+
+class ChunkSums:
+    """The log-likelihood's sum, gradient and Hessian over one chunk of rows.
+
+    A picklable callable of compiled PyTensor functions: a Dask row store sends it to
+    the workers (:meth:`~pymc_minibatch_mh.store.row_store.RowStore.reduce`).
+
+    Parameters
+    ----------
+    value_grad_fn, hvp_fn : pytensor.compile.function.types.Function
+        ``(x, *rows) -> (sum, gradient)`` and ``(x, v, *rows) -> H v``; ``hvp_fn=None``:
+        no Hessian.
+    dim : int
+        Size of ``x``.
+
+    """
+
+    def __init__(self, value_grad_fn: Any, hvp_fn: Any, dim: int) -> None:
+        self.value_grad_fn, self.hvp_fn, self.dim = value_grad_fn, hvp_fn, dim
+
+    def __call__(self, x: NDArray[np.float64], *rows: NDArray[Any]) -> tuple[Any, ...]:
+        """``(sum, gradient, Hessian or None)`` of the chunk's log-likelihood at ``x``."""
+        value, g = self.value_grad_fn(x, *rows)
+        h = None
+        if self.hvp_fn is not None:
+            eye = np.eye(self.dim)
+            h = np.column_stack([self.hvp_fn(x, eye[j], *rows) for j in range(self.dim)])
+        return float(value), np.asarray(g), h
+
+
+class TaylorPasses:
+    """Full-data passes and the MAP search of the Taylor control variates.
+
+    Parameters
+    ----------
+    likelihood : MinibatchLikelihood
+        The step's compiled likelihood (its graphs and row store are used).
+    step_name : str
+        Used in error messages.
+
+    """
+
+    def __init__(self, likelihood: MinibatchLikelihood, step_name: str) -> None:
+        self.likelihood = likelihood
+        self.store = likelihood.store
+        self.step_name = step_name
+        self.dim = likelihood.point_map.size
+        #: Rows evaluated by full passes since the passes were built.
+        self.evaluations = 0
+        #: Newton decrement at the MAP found by :meth:`find_map` (NaN before).
+        self.map_decrement = math.nan
+        #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
+        self.map_converged = False
+        self._compile(likelihood.graphs)
+
+    def _compile(self, graphs: Any) -> None:
+        # The Hessians are assembled column by column from Hessian-vector products
+        # (reverse over reverse): PyTensor's vectorised jacobian can send the graph
+        # rewriter into a loop (seen with a Normal likelihood), its scan version compiles
+        # slowly, and d products per chunk cost little next to the rest of the pass.
+        flat, data = graphs.flat, list(graphs.data)
+        v = pt.vector("v", dtype="float64")
+        (row_loglik,) = checks_as_ninf([graphs.row_loglik])
+        (prior,) = checks_as_ninf([graphs.prior])
+        total = pt.sum(row_loglik)
+        g = grad(total, flat)
+        hv = grad(pt.dot(g, v), flat)
+        prior_g = grad(prior, flat, disconnected_inputs="ignore")
+        prior_hv = grad(pt.dot(prior_g, v), flat, disconnected_inputs="ignore")
+
+        def compile_fn(inputs: list[Any], outputs: Any) -> Any:
+            fn = pytensor.function(
+                inputs, outputs, mode=_FULL_PASS_MODE, on_unused_input="ignore"
+            )
+            fn.trust_input = True
+            return fn
+
+        # Compiled on first use: an estimator that computes G and H otherwise (the
+        # per-row-quantity expansion) with a given reference needs neither.
+        self._lazy = {
+            "_value_grad_fn": lambda: compile_fn([flat, *data], [total, g]),
+            "_hvp_fn": lambda: compile_fn([flat, v, *data], hv),
+            "_gradient_sums": lambda: ChunkSums(self._value_grad_fn, None, self.dim),
+            "_hessian_sums": lambda: ChunkSums(self._value_grad_fn, self._hvp_fn, self.dim),
+        }
+        # No data in the prior: a quickly compiled function is fast enough.
+        self._prior_all_fn = pytensor.function(
+            [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
+            on_unused_input="ignore",
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        lazy = self.__dict__.get("_lazy", {})
+        if name in lazy:
+            value = lazy.pop(name)()
+            setattr(self, name, value)
+            return value
+        raise AttributeError(name)
+
+    def prior(
+        self, x: NDArray[np.float64], hessian: bool = False
+    ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
+        """Log prior (with Jacobians and Potentials), its gradient and Hessian at ``x``."""
+        eye = np.eye(self.dim)
+        value, g, _ = self._prior_all_fn(x, eye[0])
+        h = None
+        if hessian:
+            h = np.column_stack([self._prior_all_fn(x, eye[j])[2] for j in range(self.dim)])
+        return float(value), np.asarray(g), h
+
+    def _full_pass(
+        self, x: NDArray[np.float64], hessian: bool
+    ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
+        """Sum, gradient (and Hessian) of the log-likelihood over all rows, in chunks."""
+        note(f"full pass {self.evaluations // self.store.n_rows + 1} over "
+             f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
+        parts = self.store.reduce(self._hessian_sums if hessian else self._gradient_sums, x)
+        self.evaluations += self.store.n_rows
+        return add_chunks(parts)
+
+    def reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:
+        """G and H at ``x`` (one counted pass), checked finite."""
+        loglik, g, h = self._full_pass(x, hessian=True)
+        _, _, prior_h = self.prior(x, hessian=True)
+        if not (math.isfinite(loglik) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
+            raise ControlVariateError(
+                f"The log-likelihood or its derivatives are not finite at the {what} "
+                f"({self.describe(x)}): log-likelihood {loglik}. Give a reference= point "
+                "where every observation has positive likelihood, or use "
+                "control_variate=None."
+            )
+        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
+        return TaylorReference(x.copy(), g, h, prior_h, loglik=loglik)
+
+    def describe(self, x: NDArray[np.float64]) -> str:
+        """``x`` as ``name=value`` pairs of the sampled variables, for error messages."""
+        point = self.likelihood.point_map.to_point(x, {})
+        return ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in point.items())
+
+    def reference_flat(self, reference: Mapping[str, Any]) -> NDArray[np.float64]:
+        """A user's reference point (value or variable names) as a flat vector, checked."""
+        if not isinstance(reference, Mapping):
+            raise ControlVariateError(
+                "reference must be a point dict (variable name -> value), such as what "
+                f"pm.find_MAP() returns; got {type(reference).__name__}."
+            )
+        model = self.likelihood.model
+        values: dict[str, Any] = {}
+        missing = []
+        for var, e in zip(self.likelihood.value_vars, self.likelihood.point_map.entries,
+                          strict=True):
+            if e.name in reference:
+                values[e.name] = reference[e.name]
+                continue
+            rv = model.values_to_rvs[var]
+            if rv.name in reference:
+                transform = model.rvs_to_transforms.get(rv)
+                value = np.asarray(reference[rv.name], dtype=np.float64)
+                if transform is not None:
+                    try:
+                        value = np.asarray(
+                            transform.forward(pt.as_tensor(value), *rv.owner.inputs).eval()
+                        )
+                    except Exception as err:  # noqa: BLE001 - re-raised with advice
+                        raise ControlVariateError(
+                            f"Could not transform the reference value of {rv.name!r} to "
+                            f"the sampled space ({err.__class__.__name__}: {err}). Give "
+                            f"the transformed value under the name {e.name!r} instead."
+                        ) from err
+                values[e.name] = value
+                continue
+            missing.append(e.name if e.name == rv.name else f"{rv.name} (or {e.name})")
+        if missing:
+            raise ControlVariateError(
+                f"The reference point has no value for {missing}. Give a value for every "
+                f"variable this {self.step_name} samples (or leave reference=None to let "
+                "the step find the MAP)."
+            )
+        for e in self.likelihood.point_map.entries:
+            value = np.asarray(values[e.name], dtype=np.float64)
+            if value.size != e.size:
+                raise ControlVariateError(
+                    f"The reference value of {e.name!r} has shape {value.shape}, but the "
+                    f"variable has shape {e.shape}."
+                )
+            if not np.all(np.isfinite(value)):
+                raise ControlVariateError(
+                    f"The reference value of {e.name!r} is not finite: {value.tolist()}."
+                )
+            values[e.name] = value.reshape(e.shape)
+        return self.likelihood.point_map.to_flat(values)
+
+    def find_map(self, x0: NDArray[np.float64], strict: bool = True) -> TaylorReference:
+        """The mode of the full-data log posterior: a warm start, then Newton steps.
+
+        With more than ``4 ·`` :data:`SUBSAMPLE_ROWS` rows the warm start is L-BFGS-B on
+        an evenly spaced subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood
+        scaled by ``N/m``; no full pass); the trust-region Newton steps that follow
+        (``_newton``) cost one full pass per point tried. If they do not reach
+        :data:`MAP_TOLERANCE` from there, or with fewer rows, the search is L-BFGS-B on
+        the full data (one pass per evaluation), then the Newton steps.
+
+        With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
+        polishing fails, e.g. where the log posterior is not concave) returns the
+        reference at the last point reached instead of raising, provided the
+        log-likelihood and its derivatives are finite there; :attr:`map_decrement` and
+        :attr:`map_converged` say how far it got.
+        """
+        ref, decrement, message = None, math.inf, "not run (subsample start)"
+        start = self._subsample_mode(x0)
+        if start is not None:
+            ref, decrement = self._newton(start)
+        if not decrement <= MAP_TOLERANCE:
+            with np.errstate(all="ignore"):
+                result = optimize.minimize(
+                    self._negative_log_posterior, x0, jac=True, method="L-BFGS-B",
+                    options={"maxiter": 1000},
+                )
+            message = str(result.message)
+            ref, decrement = self._newton(np.asarray(result.x, dtype=np.float64))
+        self.map_converged = ref is not None and decrement <= MAP_TOLERANCE
+        self.map_decrement = decrement
+        if ref is not None and (self.map_converged or not strict):
+            return ref
+        raise ControlVariateError(
+            "The MAP search for the control variates' reference point did not "
+            f"converge (L-BFGS-B: {message}; Newton decrement {decrement:.3g}, the "
+            "distance to the mode in posterior standard deviations, should be below "
+            f"{MAP_TOLERANCE}). Pass reference={{...}} (e.g. from pm.find_MAP() with more "
+            "iterations, or the posterior mean of a short run), or use control_variate=None."
+        )
+
+    def _negative_log_posterior(self, x: NDArray[np.float64]) -> tuple[float, Any]:
+        """Minus the full-data log posterior and its gradient (one gradient pass)."""
+        loglik, g, _ = self._full_pass(x, hessian=False)
+        return self._negated_posterior(x, loglik, g)
+
+    def _negated_posterior(self, x: NDArray[np.float64], loglik: float, g: Any,
+                           scale: float = 1.0) -> tuple[float, Any]:
+        """``−(scale · loglik + prior)`` and its gradient at ``x`` (L-BFGS-B's objective).
+
+        ``+inf`` (and a zero gradient) where it is not finite.
+        """
+        prior, prior_g, _ = self.prior(x)
+        value = -(scale * float(loglik) + float(prior))
+        if not math.isfinite(value):
+            return math.inf, np.zeros_like(x)
+        return value, -(scale * g + prior_g)
+
+    def _subsample_mode(self, x0: NDArray[np.float64]) -> NDArray[np.float64] | None:
+        """L-BFGS-B's mode with ``N/m ·`` the log-likelihood of ``m`` evenly spaced rows.
+
+        None when the data have at most ``4 m`` rows (the full data are searched then).
+        The ``m`` rows are read once and counted in :attr:`evaluations`.
+        """
+        n, m = self.store.n_rows, SUBSAMPLE_ROWS
+        if n <= 4 * m:
+            return None
+        rows = self.store.rows(np.linspace(0, n - 1, m).round().astype(np.int64))
+        scale = n / m
+
+        def objective(x: NDArray[np.float64]) -> tuple[float, Any]:
+            return self._negated_posterior(x, *self._value_grad_fn(x, *rows), scale=scale)
+
+        note(f"MAP search on a subsample of {m:,} of {n:,} rows")
+        with np.errstate(all="ignore"):
+            result = optimize.minimize(objective, x0, jac=True, method="L-BFGS-B",
+                                       options={"maxiter": 1000})
+        self.evaluations += m * result.nfev
+        x = np.asarray(result.x, dtype=np.float64)
+        return x if np.all(np.isfinite(x)) else None
+
+    def _newton(self, x: NDArray[np.float64]) -> tuple[TaylorReference | None, float]:
+        """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
+
+        SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
+        it tries costs one pass (:meth:`reference_at`: value, G and H together), and it
+        stops, through its callback, as soon as the Newton decrement at an accepted point
+        is below :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the
+        Hessian is not negative definite or the posterior is a curved ridge (a
+        non-centred hierarchical model at N = 10⁶, where plain Newton steps stopped at
+        an indefinite Hessian). Returns the reference at the last accepted point (None
+        if even ``x`` failed) and its decrement (inf where the Hessian is not negative
+        definite).
+        """
+        @functools.lru_cache(maxsize=2)  # the accepted point and the last trial
+        def at(key: bytes) -> tuple[TaylorReference | None, float, Any, float]:
+            """Reference, log posterior, its gradient and the decrement: one pass."""
+            x = np.frombuffer(key, dtype=np.float64).copy()
+            try:
+                ref = self.reference_at(x, what="point the MAP search reached")
+            except ControlVariateError:
+                return None, -math.inf, None, math.inf
+            prior, prior_g, _ = self.prior(x)
+            g_post = ref.gradient + prior_g
+            return (ref, ref.loglik + float(prior), g_post,
+                    newton_decrement(g_post, ref.precision()))
+
+        def evaluate(x: Any) -> tuple[TaylorReference | None, float, Any, float]:
+            return at(np.asarray(x, dtype=np.float64).tobytes())
+
+        def callback(intermediate_result: optimize.OptimizeResult) -> None:
+            if evaluate(intermediate_result.x)[3] <= MAP_TOLERANCE:
+                raise StopIteration
+
+        ref, _, _, decrement = evaluate(x)
+        if ref is None or decrement <= MAP_TOLERANCE:
+            return ref, decrement
+        with np.errstate(all="ignore"):
+            result = optimize.minimize(
+                lambda x: -evaluate(x)[1], x, jac=lambda x: -evaluate(x)[2],
+                hess=lambda x: evaluate(x)[0].precision(), method="trust-exact",
+                callback=callback, options={"maxiter": 50, "gtol": 0.0},
+            )
+        ref, _, _, decrement = evaluate(result.x)  # the last accepted point (cached)
+        return ref, decrement

@@ -1,0 +1,139 @@
+"""Graph utilities for the surgery of :mod:`~pymc_minibatch_mh.model.split`.
+
+Rebuilding graphs with replacements (without PyMC's static-shape pins), turning PyMC's
+parameter checks into ``-inf``, and reading data variables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pymc.logprob.utils import CheckParameterValue
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
+from pytensor.scalar.basic import Cast as ScalarCast
+from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.shape import SpecifyShape
+
+from pymc_minibatch_mh.store.row_store import data_value
+
+__all__ = [
+    "checks_as_ninf",
+    "clone_replace",
+    "is_data",
+    "is_shape_constant",
+    "leading_length",
+    "observed_source",
+    "op_names",
+]
+
+
+def observed_source(var: Variable) -> Variable:
+    """The array behind an observed value: ``var`` with dtype casts removed.
+
+    PyMC casts observed data to the variable's dtype (``pm.Data`` stores integers as int32,
+    a Poisson or Bernoulli variable is int64), so the value of an observed variable given
+    as ``pm.Data`` is often ``Cast(shared)``; the cast is applied row by row as well.
+    """
+    while (
+        var.owner is not None
+        and isinstance(var.owner.op, Elemwise)
+        and isinstance(var.owner.op.scalar_op, ScalarCast)
+    ):
+        var = var.owner.inputs[0]
+    return var
+
+
+def is_data(var: Variable) -> bool:
+    """Whether ``var`` is an array of data (a shared variable or a constant, ≥ 1-d)."""
+    return isinstance(var, SharedVariable | Constant) and getattr(var, "ndim", 0) >= 1
+
+
+def op_names(outputs: Sequence[Variable]) -> set[str]:
+    """Names of the Ops in the graphs of ``outputs``."""
+    return {type(v.owner.op).__name__ for v in ancestors(outputs) if v.owner is not None}
+
+
+def _rebuild(
+    outputs: list[Variable],
+    replace: Mapping[Variable, Variable],
+    node_rule: Callable[[Any, list[Variable]], Variable | None],
+) -> list[Variable]:
+    """Rebuild ``outputs`` with ``replace`` applied; ``node_rule`` may replace a node.
+
+    ``node_rule(node, new_inputs)`` returns the new variable for the node's (single)
+    output, or None to rebuild the node as it is. Nodes whose inputs are unchanged are
+    reused, not copied, so nodes shared with the model are left untouched.
+    """
+    memo: dict[Variable, Variable] = dict(replace)
+    roots = [v for v in graph_inputs(outputs) if v not in memo]
+    for node in io_toposort(roots + list(memo), outputs):
+        new_inputs = [memo.get(i, i) for i in node.inputs]
+        ruled = node_rule(node, new_inputs)
+        if ruled is not None:
+            memo[node.outputs[0]] = ruled
+            continue
+        if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
+            continue
+        # Calling the Op (not make_node) lets symbolic Ops such as PyTensor 3's LogSumExp
+        # rebuild their inner graph for the new input types.
+        new_outputs = node.op(*new_inputs, return_list=True)
+        for old, new in zip(node.outputs, new_outputs, strict=True):
+            memo[old] = new
+    return [memo.get(o, o) for o in outputs]
+
+
+def _drop_specify_shape(node: Any, new_inputs: list[Variable]) -> Variable | None:
+    return new_inputs[0] if isinstance(node.op, SpecifyShape) else None
+
+
+def clone_replace(outputs: Any, replace: Mapping[Variable, Variable]) -> Any:
+    """Rebuild ``outputs`` with ``replace`` applied, letting types change, without SpecifyShape.
+
+    Like ``pytensor.graph.replace.clone_replace(..., rebuild_strict=False)``, but every
+    ``SpecifyShape`` node is dropped: PyMC's log-probability graphs pin the static length
+    of the observed data (N), which no longer holds once the data are row batches.
+    """
+    single = isinstance(outputs, Variable)
+    result = _rebuild([outputs] if single else list(outputs), replace, _drop_specify_shape)
+    return result[0] if single else result
+
+
+def _check_as_ninf(node: Any, new_inputs: list[Variable]) -> Variable | None:
+    if not (isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf):
+        return None
+    expr, *conds = new_inputs
+    if all(isinstance(c, Constant) and np.all(c.data) for c in conds):
+        return expr  # checks that always pass
+    cond = conds[0] if len(conds) == 1 else pt.all(pt.stack(conds))
+    return pt.switch(cond, expr, -np.inf).astype(node.outputs[0].dtype)
+
+
+def checks_as_ninf(outputs: Sequence[Variable]) -> list[Variable]:
+    """Rebuild ``outputs`` with PyMC's parameter checks turned into ``-inf``, not errors.
+
+    PyMC's log-probability graphs raise ``ParameterValueError`` for invalid parameters
+    (``sigma <= 0``, ...); PyMC's own compiled functions (``pymc.pytensorf.compile``) turn
+    those checks into a switch to ``-inf`` (the same rewrite, applied here to the graph), so
+    such a proposal is rejected instead of stopping the chain with an exception. The graph
+    is rebuilt, not rewritten in place.
+    """
+    return _rebuild(list(outputs), {}, _check_as_ninf)
+
+
+def is_shape_constant(var: Constant, n: int) -> bool:
+    """Whether ``var`` is a static shape (a short integer vector) whose first entry is ``n``."""
+    data = np.asarray(var.data)
+    return (
+        data.dtype.kind in "iu" and data.ndim == 1 and 1 <= data.size <= 8 and int(data[0]) == n
+    )
+
+
+def leading_length(var: Variable) -> int | None:
+    """Leading length of a data variable's current value (None for a scalar)."""
+    value = data_value(var)
+    return int(value.shape[0]) if value.ndim >= 1 else None

@@ -1,0 +1,185 @@
+"""Every reach into PyTensor's and PyMC's internals, in one small module.
+
+A compiled PyTensor function costs about 4–10 µs per call around its jitted graph
+(``Function.__call__`` and the linker's thunk), several times the work on a small
+minibatch. With the Numba backend (PyTensor 2.x and 3.x alike) the jitted graph is
+``fn.vm.jit_fn``, the storage cells of the function's shared variables are the trailing
+entries of ``fn.vm.inputs`` (after the explicit inputs), and ``fn.maker.inputs`` tells
+which inputs are shared. :func:`direct_call` uses exactly these three facts, and nothing
+else in the package touches PyTensor's private attributes.
+
+``tests/test_pytensor_internals.py`` checks each fact on the installed PyTensor (outputs of
+the direct call equal the wrapper's, shared values are read at call time, the explicit
+inputs come first, functions with updates are refused), so an upgrade that changes their
+meaning fails loudly there instead of giving silently wrong numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "DirectCall",
+    "PyMCStepHooks",
+    "adaptation_window",
+    "direct_call",
+    "explicit_inputs_first",
+    "full_adapt_potential",
+    "jitted_parts",
+    "set_adaptation_window",
+    "set_step_tuning",
+]
+
+
+def explicit_inputs_first(fn: Any) -> bool:
+    """Whether the explicit (non-shared) inputs of ``fn`` come before all shared ones."""
+    explicit = [not getattr(i, "shared", False) for i in fn.maker.inputs]
+    return not any(explicit[sum(explicit):])
+
+
+def jitted_parts(fn: Any) -> tuple[Any, tuple[Any, ...], bool] | None:
+    """``(jit_fn, shared_cells, single_output)`` of a Numba-compiled function, or None.
+
+    None for any function this module cannot call directly: another backend, updates of
+    shared variables, named outputs, no outputs, or shared inputs before explicit ones.
+    """
+    vm = getattr(fn, "vm", None)
+    maker = getattr(fn, "maker", None)
+    if (
+        getattr(vm, "jit_fn", None) is None
+        or getattr(vm, "inputs", None) is None
+        or maker is None
+        or maker.fgraph.update_mapping
+        or getattr(fn, "return_none", False)
+        or getattr(fn, "output_keys", None) is not None
+        or not explicit_inputs_first(fn)
+    ):
+        return None
+    n_explicit = sum(not getattr(i, "shared", False) for i in maker.inputs)
+    return vm.jit_fn, tuple(vm.inputs[n_explicit:]), bool(getattr(fn, "unpack_single", False))
+
+
+class DirectCall:
+    """Calls the jitted graph of a Numba-compiled PyTensor function directly.
+
+    See :func:`direct_call`. Pickles as the PyTensor function alone (a jitted graph does
+    not survive pickling; it is looked up again after unpickling, e.g. in a spawned
+    process of ``pm.sample``).
+    """
+
+    __slots__ = ("_cells", "_jit", "_single", "fn")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self._bind()
+
+    def _bind(self) -> None:
+        parts = jitted_parts(self.fn)
+        if parts is None:  # pragma: no cover - direct_call checked it
+            raise TypeError("DirectCall needs a Numba-compiled function (see direct_call)")
+        self._jit, self._cells, self._single = parts
+
+    def __call__(self, *args: Any) -> Any:
+        """Call the function with its explicit inputs (the shared values are read now)."""
+        cells = self._cells
+        if len(cells) == 1:  # the common case: no list built per call
+            out = self._jit(*args, cells[0][0])
+        else:
+            out = self._jit(*args, *[c[0] for c in cells])
+        return out[0] if self._single else out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fn": self.fn}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.fn = state["fn"]
+        self._bind()
+
+
+def direct_call(fn: Any) -> Any:
+    """A faster way to call a compiled PyTensor function of the Numba backend.
+
+    Returns a :class:`DirectCall` that passes the explicit inputs and the current values
+    of the shared variables' storage cells straight to the jitted graph (so ``set_value``
+    on a shared variable is seen). The explicit inputs must already have the exact types
+    (``trust_input``). Any other function is returned unchanged (see :func:`jitted_parts`).
+
+    Parameters
+    ----------
+    fn : pytensor.compile.function.types.Function
+        A compiled function.
+
+    Returns
+    -------
+    callable
+        Same arguments and outputs as ``fn`` (a tuple for several outputs).
+
+    """
+    return fn if jitted_parts(fn) is None else DirectCall(fn)
+
+
+# --------------------------------------------------------------------------- PyMC
+# The private names of PyMC that the package relies on. Each is checked on the installed
+# PyMC by tests/test_pytensor_internals.py, so an upgrade that renames or changes one
+# fails there, not in a user's run.
+
+
+class PyMCStepHooks:
+    """The private hooks PyMC's sampler reads on a step method, under their public names.
+
+    A step method sets ``state_class`` (its resumable state, PyMC's ``_state_class``) and
+    implements :meth:`progress_bar_columns` and :meth:`progress_bar_updates`; PyMC's
+    progress bar calls them through ``_progressbar_config`` and
+    ``_make_progressbar_update_functions``.
+    """
+
+    state_class: Any = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("state_class") is not None:
+            cls._state_class = cls.state_class
+
+    def progress_bar_columns(self, n_chains: int) -> tuple[list[Any], dict[str, list[Any]]]:
+        """``(columns, initial values)`` the step adds to PyMC's progress bar."""
+        raise NotImplementedError
+
+    def progress_bar_updates(self) -> tuple[Any, ...]:
+        """The functions ``stats -> fields`` of the step's progress-bar columns."""
+        raise NotImplementedError
+
+    def _progressbar_config(self, n_chains: int = 1) -> tuple[list[Any], dict[str, list[Any]]]:
+        return self.progress_bar_columns(n_chains)
+
+    def _make_progressbar_update_functions(self) -> tuple[Any, ...]:
+        return self.progress_bar_updates()
+
+
+def full_adapt_potential(dim: int, mean: Any, cov: Any, initial_weight: int) -> Any:
+    """PyMC's dense, adapted NUTS mass matrix, started from ``cov`` with weight ``initial_weight``.
+
+    ``QuadPotentialFullAdapt`` is marked experimental; its warning is silenced here, where
+    the package tests it.
+    """
+    import warnings
+
+    from pymc.step_methods.hmc.quadpotential import QuadPotentialFullAdapt
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "QuadPotentialFullAdapt", UserWarning)
+        return QuadPotentialFullAdapt(dim, mean, cov, initial_weight=initial_weight)
+
+
+def adaptation_window(potential: Any) -> int:
+    """The current adaptation window of a ``QuadPotentialFullAdapt`` (it doubles while tuning)."""
+    return int(potential.adaptation_window)
+
+
+def set_adaptation_window(potential: Any, window: int) -> None:
+    """Set the adaptation window of a ``QuadPotentialFullAdapt`` (PyMC's reset keeps the last)."""
+    potential.adaptation_window = int(window)
+
+
+def set_step_tuning(step: Any, tune: bool) -> None:
+    """Whether a PyMC step method used inside another step adapts (its ``tune`` flag)."""
+    step.tune = bool(tune)

@@ -1,0 +1,206 @@
+r"""The Gaussian surrogate ``N(θ̂, Σ)`` of the posterior, and helpers its proposals share.
+
+The surrogate is the Laplace fit that a step with ``control_variate="taylor"`` already
+holds: θ̂ is the reference point of the Taylor expansion and Σ the inverse of the negative
+Hessian of the log posterior there. The proposals of
+:mod:`pymc_minibatch_mh.proposals.crank_nicolson` (Crank-Nicolson) and
+:mod:`pymc_minibatch_mh.proposals.gradient` (MALA, HMC) precondition with it; those that
+follow the gradient of the surrogate *posterior* π̃ (the prior times the closed-form sum of
+the control variates' expansions; no data) get it as a :class:`SurrogatePosterior`.
+
+Classes
+-------
+GaussianSurrogate
+    Mean, covariance, Cholesky factor and precision, with validation.
+SurrogatePosterior
+    The data-free surrogate posterior π̃: its log density, gradient and PyTensor graph,
+    and its Laplace fit.
+
+References
+----------
+.. [1] Bardenet, R., Doucet, A., Holmes, C. (2017). On Markov chain Monte Carlo methods
+   for tall data. JMLR 18(47).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["GaussianSurrogate", "SurrogatePosterior"]
+
+#: Relative asymmetry of a covariance matrix tolerated (and then symmetrised).
+_SYMMETRY_RTOL = 1e-8
+
+
+@dataclass(eq=False, frozen=True)
+class GaussianSurrogate:
+    r"""A Gaussian approximation ``N(θ̂, Σ)`` of the posterior, with its factors.
+
+    Parameters
+    ----------
+    theta_hat : array_like, shape (d,)
+        Mean (the reference point θ̂ of the Taylor expansion, usually the mode).
+    cov : array_like, shape (d, d)
+        Covariance Σ, symmetric positive definite (usually the inverse of the negative
+        Hessian of the log posterior at θ̂). A relative asymmetry up to 1e-8 is rounding
+        and is symmetrised away.
+
+    Attributes
+    ----------
+    chol : ndarray, shape (d, d)
+        Lower Cholesky factor ``L`` with ``L Lᵀ = Σ``.
+    precision : ndarray, shape (d, d)
+        ``Σ⁻¹``, computed from ``L`` and exactly symmetric.
+    dim : int
+        ``d``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match, a value is not finite, or Σ is not symmetric positive
+        definite; the message says what to do.
+
+    Notes
+    -----
+    The instance is frozen and its arrays are read-only: build a new one (and new
+    proposals) after re-centring.
+
+    ``log_density`` includes ``−log det L`` but not ``−(d/2) log 2π``, so differences of
+    it between two points are exact log ratios of the Gaussian densities.
+
+    References
+    ----------
+    .. [1] Bardenet, R., Doucet, A., Holmes, C. (2017). On Markov chain Monte Carlo
+       methods for tall data. JMLR 18(47). (The Laplace fit as a proxy of the posterior.)
+
+    """
+
+    theta_hat: NDArray[np.float64]
+    cov: NDArray[np.float64]
+    chol: NDArray[np.float64] = field(init=False, repr=False)
+    precision: NDArray[np.float64] = field(init=False, repr=False)
+    dim: int = field(init=False)
+    _half_logdet: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        mean = np.array(self.theta_hat, dtype=np.float64)
+        cov = np.array(self.cov, dtype=np.float64)
+        if mean.ndim != 1 or mean.size == 0:
+            raise ValueError(
+                f"theta_hat must be a non-empty vector (the flattened, transformed "
+                f"parameters), got shape {mean.shape}; flatten it first."
+            )
+        d = mean.shape[0]
+        if cov.shape != (d, d):
+            raise ValueError(
+                f"cov must be a {d}×{d} matrix to match theta_hat of length {d}, got shape "
+                f"{cov.shape}; pass a full covariance (np.diag(variances) for a diagonal one)."
+            )
+        if not np.all(np.isfinite(mean)):
+            raise ValueError(
+                "theta_hat has non-finite values; the Laplace fit failed (check the model's "
+                "log density at the starting point, or pass a reference point)."
+            )
+        if not np.all(np.isfinite(cov)):
+            raise ValueError(
+                "cov has non-finite values; the Hessian at theta_hat is probably singular "
+                "(an unidentified parameter or a flat direction): add an informative prior "
+                "or pass a covariance."
+            )
+        asym = np.max(np.abs(cov - cov.T))
+        if asym > _SYMMETRY_RTOL * max(np.max(np.abs(cov)), np.finfo(float).tiny):
+            raise ValueError(
+                f"cov is not symmetric (max |cov − covᵀ| = {asym:.3g}); pass a symmetric "
+                "matrix, e.g. (cov + cov.T) / 2 if the asymmetry is rounding."
+            )
+        cov = 0.5 * (cov + cov.T)
+        try:
+            chol = scipy.linalg.cholesky(cov, lower=True, check_finite=False)
+        except np.linalg.LinAlgError as err:
+            eig_min = float(np.linalg.eigvalsh(cov)[0])
+            raise ValueError(
+                f"cov is not positive definite (smallest eigenvalue {eig_min:.3g}); the "
+                "Laplace fit is not at a mode or the posterior is flat in some direction. "
+                "Check the reference point, add an informative prior, or add a small "
+                "multiple of the identity (jitter) to cov."
+            ) from err
+        if not np.all(np.diag(chol) > 0):
+            raise ValueError(
+                "cov is numerically singular (a zero pivot in its Cholesky factor); add a "
+                "small multiple of the identity (jitter) to cov."
+            )
+        eye = np.eye(d)
+        chol_inv = scipy.linalg.solve_triangular(chol, eye, lower=True, check_finite=False)
+        precision = chol_inv.T @ chol_inv
+        precision = 0.5 * (precision + precision.T)
+        # Frozen, with read-only arrays: the proposals remember whitened points and
+        # gradients computed from these factors, which must not change under them.
+        for name, value in (
+            ("theta_hat", mean),
+            ("cov", cov),
+            ("chol", chol),
+            ("precision", precision),
+        ):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "dim", d)
+        object.__setattr__(self, "_half_logdet", float(np.sum(np.log(np.diag(chol)))))
+
+    def whiten(self, x: ArrayLike) -> NDArray[np.float64]:
+        """``L⁻¹(x − θ̂)`` (a triangular solve, O(d²)); standard normal under the surrogate."""
+        return scipy.linalg.solve_triangular(
+            self.chol,
+            np.asarray(x, dtype=np.float64) - self.theta_hat,
+            lower=True,
+            check_finite=False,
+        )
+
+    def log_density(self, x: ArrayLike) -> float:
+        """``log N(x; θ̂, Σ)`` up to the constant ``−(d/2) log 2π``."""
+        z = self.whiten(x)
+        return -0.5 * float(z @ z) - self._half_logdet
+
+    def grad_log_density(self, x: ArrayLike) -> NDArray[np.float64]:
+        """``−Σ⁻¹(x − θ̂)``, the gradient of :meth:`log_density`."""
+        return -(self.precision @ (np.asarray(x, dtype=np.float64) - self.theta_hat))
+
+
+@dataclass(eq=False, frozen=True)
+class SurrogatePosterior:
+    r"""The surrogate posterior π̃ of a step with control variates (data-free).
+
+    ``log π̃(θ) = log p0(θ) + proxy(θ) / K``: the prior (with Jacobians and Potentials)
+    plus the closed-form full-data sum of the control variates' expansions at the step's
+    temperature K. Built once by the step (the one place that joins the control variates,
+    the likelihood and the temperature) and handed to the proposals that need it.
+
+    Attributes
+    ----------
+    laplace : GaussianSurrogate
+        The Laplace fit ``N(θ̂, Σ)`` at the step's temperature.
+    log_density : callable
+        ``x -> log π̃(x)`` (up to a constant).
+    gradient : callable
+        ``x -> ∇log π̃(x)``.
+    flat : TensorVariable
+        The flat-state input of :attr:`graph`.
+    graph : TensorVariable
+        ``log π̃`` as a PyTensor graph of :attr:`flat` (for NUTS on π̃).
+
+    Notes
+    -----
+    The prior part reads the current values of variables that other steps of a compound
+    step sample: the step gives its proposal a fresh state whenever they change.
+    """
+
+    laplace: GaussianSurrogate
+    log_density: Callable[[NDArray[np.float64]], float]
+    gradient: Callable[[NDArray[np.float64]], NDArray[np.float64]]
+    flat: Any
+    graph: Any

@@ -1,0 +1,323 @@
+"""Per-row data in Dask arrays, on a local machine or a cluster.
+
+:class:`DaskRowStore` is the row store for ``data=`` entries that are Dask arrays (NumPy
+arrays next to them are wrapped with ``dask.array.from_array``). Dask runs on whatever
+scheduler is active: a ``distributed.Client`` (a ``LocalCluster`` or a real cluster) when
+one was created, else Dask's threads.
+
+- **Checks** at each chain start are Dask reductions on the cluster: the number of rows,
+  and, once per array, whether any row has a missing value (``isnan(x).any(axis)``; the
+  first bad row is located with ``argmax``).
+- **Full passes** whose results are sums (the start-point check, the MAP search, the
+  control variates' sums) are Dask reductions on the cluster (:meth:`DaskRowStore.reduce`):
+  the model's compiled functions are sent to each worker once (pickled; PyTensor compiles
+  them again there, from its cache when the workers share it), each task evaluates one
+  block of about :data:`~pymc_minibatch_mh.store.row_store.FULL_PASS_CHUNK` rows where the
+  block is, and only the sums come back. The audit's pass needs every row's value: it
+  streams the blocks here (:meth:`DaskRowStore.chunks`), the next one computed on the
+  cluster while this one is used (two blocks in memory at most).
+- **Per-step rows** come from a local buffer that a background thread refills
+  (:class:`StreamBuffer`): it draws blocks of :data:`STREAM_BLOCK` row indices i.i.d.
+  uniformly from all N, fetches those rows from the cluster (sorted, so each Dask chunk is
+  read once per block) and queues them, :data:`STREAM_DEPTH` blocks ahead. A step takes the
+  next rows of this stream, skipping any row already in the step, which makes its rows a
+  uniformly random sample without replacement of all N rows, independent of every other
+  step (sequential rejection of repeats is exactly sampling without replacement).
+
+Reproducibility: the row indices come from a generator seeded by one draw from the chain's
+generator at the chain start, so the same seed gives the same rows and the same draws,
+whatever the cluster's size, speed or timing (these only change *when* a block arrives).
+The rows differ from those of the in-memory store (which draws them by partial
+Fisher–Yates from the chain's generator directly), so the draws are not the in-memory
+sampler's draws; their law is the same.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from pytensor.graph.basic import Variable
+
+from pymc_minibatch_mh.errors import DataStoreError
+from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore, cast_rows
+from pymc_minibatch_mh.store.sources import is_dask
+
+__all__ = ["STREAM_BLOCK", "STREAM_DEPTH", "DaskRowStore", "StreamBuffer"]
+
+#: Row indices drawn (and rows fetched) per refill of the per-step buffer.
+STREAM_BLOCK = 1 << 16
+#: Blocks fetched ahead of the steps.
+STREAM_DEPTH = 3
+
+
+class StreamBuffer:
+    """A background thread that fetches blocks of uniformly drawn rows, in order.
+
+    Parameters
+    ----------
+    n_rows : int
+        N: indices are drawn uniformly from ``0 .. N − 1`` (with replacement; repeats
+        within a step are skipped by the store).
+    seed : int
+        Seed of the indices' generator (one draw from the chain's generator).
+    fetch : callable or weakref.WeakMethod
+        ``fetch(sorted_indices) -> tuple of arrays``: the rows at sorted indices. A weak
+        method lets its owner (the row store) be garbage collected while the thread runs;
+        the thread then ends.
+    block, depth : int
+        Rows per block, blocks queued ahead.
+
+    """
+
+    def __init__(self, n_rows: int, seed: int, fetch: Callable[[NDArray[np.int64]], Any],
+                 block: int = STREAM_BLOCK, depth: int = STREAM_DEPTH) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_fill, args=(self._queue, self._stop, n_rows, seed, fetch, block),
+            name="pymc_minibatch_mh-stream", daemon=True,
+        )
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _halt, self._stop, self._thread)
+
+    def next_block(self) -> tuple[NDArray[np.int64], tuple[NDArray[Any], ...]]:
+        """The next block: its row indices (in stream order) and their rows."""
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the thread (it ends within a fraction of a second)."""
+        self._finalizer()
+
+
+def _halt(stop: threading.Event, thread: threading.Thread) -> None:
+    stop.set()
+    if thread is not threading.current_thread():
+        thread.join(timeout=10)
+
+
+def _fill(q: queue.Queue[Any], stop: threading.Event, n_rows: int, seed: int,
+          fetch: Callable[[NDArray[np.int64]], Any], block: int) -> None:
+    rng = np.random.default_rng(seed)  # used by this thread only: a fixed sequence
+    while not stop.is_set():
+        idx = rng.integers(0, n_rows, size=block, dtype=np.int64)
+        fetch_now = fetch() if isinstance(fetch, weakref.WeakMethod) else fetch
+        if fetch_now is None:  # the store was garbage collected: nothing to fetch for
+            return
+        try:
+            order = np.argsort(idx, kind="stable")
+            fetched = fetch_now(idx[order])
+            del fetch_now  # hold the store only while fetching
+            rows = []
+            for part in fetched:
+                out = np.empty_like(part)
+                out[order] = part  # back to stream order
+                rows.append(out)
+            item: Any = (idx, tuple(rows))
+        except BaseException as err:  # noqa: BLE001 - handed to the sampling thread
+            item = err
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if isinstance(item, BaseException):
+            return
+
+
+class DaskRowStore(RowStore):
+    """The row store of Dask arrays (see the module docstring).
+
+    Parameters
+    ----------
+    row_vars : sequence of Variable
+        The model's per-row data variables.
+    data : dict
+        Position in ``row_vars`` → (name, Dask or NumPy array); every position is given.
+
+    """
+
+    def __init__(self, row_vars: Sequence[Variable],
+                 data: Mapping[int, tuple[str, Any]]) -> None:
+        self._buffer: StreamBuffer | None = None
+        self._checked: dict[int, Any] = {}
+        super().__init__(row_vars, data)
+
+    def _open(self, i: int) -> Any:
+        import dask.array as da
+
+        name, value = self.data[i]
+        self._check_placeholder(i)
+        if not is_dask(value):
+            if not isinstance(value, np.ndarray):
+                raise DataStoreError(
+                    f"data[{name!r}] is a {type(value).__name__}; next to Dask arrays give "
+                    "Dask or NumPy arrays (e.g. dask.array.from_zarr for a Zarr array)."
+                )
+            value = da.from_array(value, chunks=(FULL_PASS_CHUNK, *value.shape[1:]))
+        if any(np.isnan(c) for c in value.shape):
+            raise DataStoreError(
+                f"data[{name!r}] has chunks of unknown size (shape {value.shape}); call "
+                "compute_chunk_sizes() on it first."
+            )
+        self._check_array(i, value)
+        stamp = (value.shape, value.name)
+        if self._checked.get(i) != stamp:
+            _check_missing_dask(name, value)
+            self._checked[i] = stamp
+        self._opened[i] = (stamp, value, None, None)
+        return value
+
+    @staticmethod
+    def _stamp(source: Any, array: Any) -> Any:
+        return (array.shape, array.name)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the data on the cluster."""
+        return sum(int(a.nbytes) for a in self.arrays)
+
+    # ------------------------------------------------------------ per step
+    def start_chain(self, rng: np.random.Generator) -> None:
+        """Start the chain's stream of rows, seeded by one draw from ``rng``."""
+        self.close()
+        seed = int(rng.integers(0, 2**63 - 1))
+        # A weak reference: a store nobody uses any more (e.g. its step was dropped) is
+        # collected, and its thread ends, without a close().
+        self._buffer = StreamBuffer(self.n_rows, seed, weakref.WeakMethod(self._fetch))
+        self._idx: NDArray[np.int64] = np.empty(0, dtype=np.int64)
+        self._block_rows: tuple[NDArray[Any], ...] = ()
+        self._pos = 0
+        self._seen: set[int] = set()
+
+    def close(self) -> None:
+        """Stop the background thread of the current chain, if any."""
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+    def start_step(self) -> None:
+        """Open a step: rows taken from now on are new to it."""
+        self._seen.clear()
+
+    def take(self, count: int) -> tuple[NDArray[Any], ...]:
+        """``count`` rows new to this step, the next ones of the uniform stream."""
+        if count > self.n_rows - len(self._seen):
+            raise ValueError(f"cannot take {count} more rows: {len(self._seen)} of "
+                             f"{self.n_rows} rows are already used in this step")
+        parts: list[tuple[NDArray[Any], ...]] = []
+        need = count
+        while need > 0:
+            if self._pos >= self._idx.shape[0]:
+                self._idx, self._block_rows = self._buffer.next_block()  # type: ignore[union-attr]
+                self._pos = 0
+            start = self._pos
+            stop = min(start + need, self._idx.shape[0])
+            candidates = self._idx[start:stop].tolist()
+            self._pos = stop
+            seen = self._seen
+            if seen.isdisjoint(candidates) and len(set(candidates)) == stop - start:
+                seen.update(candidates)
+                parts.append(tuple([a[start:stop] for a in self._block_rows]))  # views
+                need -= stop - start
+                continue
+            keep = []  # a row already in the step: skip it (rejection of repeats)
+            for k, row in enumerate(candidates):
+                if row not in seen:
+                    seen.add(row)
+                    keep.append(start + k)
+            parts.append(tuple([a[keep] for a in self._block_rows]))
+            need -= len(keep)
+        if len(parts) == 1:
+            return parts[0]
+        return tuple([np.concatenate(p) for p in zip(*parts, strict=True)])
+
+    def _fetch(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
+        import dask
+
+        rows = dask.compute(*[a[positions] for a in self.arrays])
+        return self._cast(list(rows)) if self._casts else tuple(rows)
+
+    def rows(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
+        """The rows at ``positions``, computed by Dask (slow; not used per step)."""
+        order = np.argsort(positions, kind="stable")
+        out = []
+        for part in self._fetch(np.asarray(positions)[order]):
+            rows = np.empty_like(part)
+            rows[order] = part
+            out.append(rows)
+        return tuple(out)
+
+    # ------------------------------------------------------------ full passes
+    def reduce(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(*args, *block)`` for each block of a full pass, computed on the cluster.
+
+        ``fn`` is sent to each worker once (a data dependency of the tasks, not part of
+        every task); each task reads its block where the data are and returns only
+        ``fn``'s result.
+        """
+        import dask
+
+        self.check_unchanged()
+        shipped = dask.delayed(fn, pure=True)
+        apply = dask.delayed(_apply, pure=True)
+        tasks = [apply(shipped, args, self._casts,
+                       *[a[start:start + FULL_PASS_CHUNK] for a in self.arrays])
+                 for start in range(0, self.n_rows, FULL_PASS_CHUNK)]
+        results = list(dask.compute(*tasks))
+        self.check_unchanged()
+        return results
+
+    def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
+        """A full pass, block by block, the next block computed while this one is used."""
+        import dask
+
+        n = self.n_rows
+        self.check_unchanged()
+        bounds = [(start, min(n, start + size)) for start in range(0, n, size)]
+        with ThreadPoolExecutor(max_workers=1) as ahead:
+            def compute(b: tuple[int, int]) -> Any:
+                return ahead.submit(dask.compute, *[a[b[0]:b[1]] for a in self.arrays])
+
+            pending = compute(bounds[0])
+            for k in range(len(bounds)):
+                chunk = list(pending.result())
+                if k + 1 < len(bounds):
+                    pending = compute(bounds[k + 1])
+                yield self._cast(chunk) if self._casts else tuple(chunk)
+        self.check_unchanged()
+
+
+def _apply(fn: Callable[..., Any], args: tuple[Any, ...], casts: list[Any],
+           *block: NDArray[Any]) -> Any:
+    """One task of :meth:`DaskRowStore.reduce`: ``fn`` on a block (cast as the store casts)."""
+    return fn(*args, *(cast_rows(block, casts) if casts else block))
+
+
+def _check_missing_dask(name: str, value: Any) -> None:
+    """Refuse a Dask array with NaN in some row (two reductions on the cluster)."""
+    import dask
+    import dask.array as da
+
+    if value.dtype.kind not in "fc":
+        return
+    bad = da.isnan(value)
+    if value.ndim > 1:
+        bad = bad.any(axis=tuple(range(1, value.ndim)))
+    count, first = dask.compute(bad.sum(), bad.argmax())
+    if count:
+        raise DataStoreError(
+            f"The data {name!r} has missing values (NaN) in {int(count):,} rows (first at "
+            f"row {int(first):,}). A minibatch step cannot skip rows: drop or impute them "
+            "in the Dask array, then build the step again."
+        )

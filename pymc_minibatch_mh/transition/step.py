@@ -1,0 +1,576 @@
+r"""The shared PyMC step method of all minibatch acceptance tests: one transition.
+
+Every step method runs the same transition (``MinibatchStep._transition``; a draw,
+:meth:`MinibatchStep.step`, is ``steps_per_draw`` of them), a composition of four parts:
+
+1. map the point to the flat state θ (:class:`~pymc_minibatch_mh.model.pointmap.PointMap`);
+2. **propose** ``(state′, info)`` from the proposal's state at θ
+   (:mod:`~pymc_minibatch_mh.proposals`; ``info`` holds the log-q ratio);
+3. **open the Δ\* estimator** for (θ, θ′) and get its data-free part
+   (:mod:`~pymc_minibatch_mh.estimators.ratio`; its rows come from the **row store**,
+   :mod:`~pymc_minibatch_mh.store.row_store`);
+4. run the **acceptance test** on the estimator (a core test; the subclass's ``_decide``),
+   update the **tuner**, and return the outcome's stats plus the common ones.
+
+A subclass supplies ``_decide(estimator, data_free)`` and the declaration and extraction
+of its own stats.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike
+from pymc.model import modelcontext
+from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
+from pymc.step_methods.state import dataclass_state
+from pymc.util import get_random_generator
+from pymc.vartypes import continuous_types
+
+from pymc_minibatch_mh.core.barker import TestOutcome
+from pymc_minibatch_mh.core.buffered import BufferedGenerator
+from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
+from pymc_minibatch_mh.estimators.registry import make_estimator
+from pymc_minibatch_mh.estimators.taylor import TaylorEstimator
+from pymc_minibatch_mh.model.checks import (
+    check_batch_size,
+    check_same_model,
+    check_temperature,
+)
+from pymc_minibatch_mh.model.compat import ChainSetupMixin, call_cost_rows
+from pymc_minibatch_mh.model.internals import PyMCStepHooks
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
+from pymc_minibatch_mh.progress import note, setup_progress
+from pymc_minibatch_mh.proposals.base import Proposal, ProposalState
+from pymc_minibatch_mh.proposals.registry import PROPOSAL_CODES, make_proposal
+from pymc_minibatch_mh.proposals.surrogate import GaussianSurrogate, SurrogatePosterior
+from pymc_minibatch_mh.proposals.tuning import ScalingTuner
+from pymc_minibatch_mh.transition.audit import AUDIT_STATS, Audit, check_audit_every
+from pymc_minibatch_mh.transition.inner_steps import merge_stats, resolve_steps_per_draw
+from pymc_minibatch_mh.transition.progress_bar import (
+    progressbar_config,
+    progressbar_update_functions,
+)
+from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
+
+__all__ = ["MinibatchStep", "MinibatchStepState",]
+
+
+@dataclass_state
+class MinibatchStepState(StepMethodState):
+    """Resumable state: generator, proposal scale and tuning, temperature.
+
+    The row store's permutation is not part of it (it is O(N)); a resumed chain draws
+    its rows afresh, which changes no distribution.
+    """
+
+    tuner: ScalingTuner
+    scaling: float
+    tune: bool
+    temperature: float
+
+
+#: Default ``target_accept`` of the random walk (Barker's test accepts less often than
+#: Metropolis'; see :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
+RANDOM_WALK_TARGET_ACCEPT = 0.25
+#: Default ``target_accept`` of the surrogate-guided proposals (Barker's acceptance is at
+#: most 1/2 for moves the surrogate makes exact).
+SURROGATE_TARGET_ACCEPT = 0.4
+
+
+class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
+    """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
+
+    Parameters
+    ----------
+    vars : list of Variable, optional
+        Continuous variables to sample, as one block. Default: all free variables.
+    batch_size : int
+        Rows drawn per round (the first minibatch has this size too).
+    temperature : float or TemperatureSchedule
+        K > 0: the likelihood is raised to 1/K; the prior is not. A
+        :class:`~pymc_minibatch_mh.transition.schedule.TemperatureSchedule` changes K (and
+        multiplies the proposal scale) at given iterations of each chain.
+    S : array_like or "laplace", optional
+        Proposal standard deviations (vector) or covariance (matrix) on the flattened,
+        transformed space, as in ``pm.Metropolis``. Default: ones. ``"laplace"`` (with
+        ``control_variate``): the Laplace covariance at θ̂ at the initial temperature;
+        use it with ``scaling`` about ``2.38/√d``.
+    scaling : float
+        Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
+    tune : bool
+        Tune ``scaling`` towards ``target_accept`` during tuning (see
+        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
+    target_accept : float
+        Target acceptance probability for tuning.
+    model : pymc.Model, optional
+        Default: the model in context.
+    rng : RandomGenerator, optional
+        Seed or generator; ``pm.sample`` replaces it per chain with one spawned from
+        ``random_seed``.
+    initial_point : dict, optional
+        Point used for shapes and checks (default ``model.initial_point()``).
+    mode : str, optional
+        PyTensor compilation mode of the per-step functions.
+    check_start : bool
+        Evaluate the full-data log-probability once at each chain's start point and raise
+        a clear error if it is not finite (one O(N) pass per chain).
+    prefetch : int or "auto"
+        Rounds of rows evaluated per compiled call (see
+        :mod:`~pymc_minibatch_mh.estimators.ratio`); changes the cost and which random rows
+        are drawn, not their law.
+    control_variate : {None, "taylor"}
+        ``"taylor"``: estimate Δ with second-order Taylor control variates around a
+        reference point θ̂ (the closed-form full-data sum of the expansions plus a
+        minibatch estimate of the residuals), see
+        :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` and the
+        guide's "Control variates" page. Default None: the plain estimate.
+    reference : dict, optional
+        θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
+        step is built. Only with ``control_variate``.
+    recenter : float, optional
+        Re-centre θ̂ at the current state during tuning when the chain is farther than
+        this from θ̂ (Laplace metric, per dimension; about 1 for a posterior draw). Only
+        with ``control_variate``; default: never.
+    proposal : str, object or callable, optional
+        ``"auto"`` (default: ``"crank_nicolson"`` around the control variates' Laplace fit
+        when ``control_variate`` is set, else ``"random_walk"``), ``"random_walk"``,
+        ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
+        ``step -> proposal``; see :mod:`~pymc_minibatch_mh.proposals.registry`. With a
+        surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.
+    audit_every : int, optional
+        Every this many steps, also decide the proposal on the full data, coupled to the
+        minibatch decision (:mod:`~pymc_minibatch_mh.transition.audit`; the pass is counted
+        in ``extra_evaluations``; the chain's draws are the same). Default: never.
+    data : dict, optional
+        Per-row data larger than memory, ``{name: array}`` with names of the model's
+        ``pm.Data`` (or observed) variables and arrays that are ``.npy`` paths or memmaps,
+        Zarr arrays, :class:`~pymc_minibatch_mh.store.sources.ParquetColumn` or Dask
+        arrays. The model is built on a small in-memory slice of the rows (for shapes and
+        dtypes); every per-row array must be given. See the guide's "Data bigger than
+        memory" page.
+    shuffled_copy : bool
+        With ``data=``: read a step's rows in blocks of a shuffled local copy, written at
+        set-up (:mod:`~pymc_minibatch_mh.store.shuffled`; pays off on long runs).
+    steps_per_draw : int or "auto"
+        Transitions per draw (:mod:`~pymc_minibatch_mh.transition.inner_steps`, which says how
+        a draw's stats combine them). ``"auto"``: 9 with NUTS on the surrogate, 3 with
+        another surrogate proposal, else 1.
+
+    """
+
+    name: ClassVar[str] = "minibatch"
+    default_blocked = True
+    state_class = MinibatchStepState
+
+    #: Whether ``control_variate=`` applies to this step method.
+    supports_control_variate: ClassVar[bool] = True
+    #: Whether the test grows minibatches of ``batch_size`` rows (False: full passes only).
+    uses_minibatches: ClassVar[bool] = True
+
+    #: Stats shared by every minibatch step; dtypes match PyMC's samplers where names clash.
+    common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
+        "accepted": (np.float64, []),
+        "accept": (np.float64, []),
+        "batch_size": (np.int64, []),
+        "growth_rounds": (np.int64, []),
+        "full_data": (bool, []),
+        "nonfinite": (bool, []),
+        "extra_evaluations": (np.int64, []),
+        **ScalingTuner.stats_dtypes_shapes,
+        "temperature": (np.float64, []),
+        "tune": (bool, []),
+        "mean_batch_size": (np.float64, []),
+        "accept_rate": (np.float64, []),
+        "recentered": (bool, []),
+        # Which proposal ran (adapter.proposal_choice.PROPOSAL_CODES) and its parameters.
+        "proposal": (np.int64, []),
+        "rho": (np.float64, []),
+        "step_size": (np.float64, []),
+        **AUDIT_STATS,  # error_estimate and the audit's stats
+    }
+    #: Stats specific to the test, declared by subclasses.
+    test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.stats_dtypes_shapes = {**MinibatchStep.common_stats, **cls.test_stats}
+
+    def __init__(
+        self,
+        vars: Sequence[Any] | None = None,
+        *,
+        batch_size: int = 100,
+        temperature: float | TemperatureSchedule = 1.0,
+        S: ArrayLike | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float | None = None,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: Any = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        control_variate: str | None = None,
+        reference: Mapping[str, Any] | None = None,
+        recenter: float | None = None,
+        proposal: Any = None,
+        audit_every: int | None = None,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
+        steps_per_draw: int | str = "auto",
+    ) -> None:
+        with setup_progress(type(self).__name__):
+            started = time.perf_counter()
+            model = modelcontext(model)
+            if vars is None:
+                vars = model.value_vars
+            self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
+            if self.schedule is not None:
+                temperature = self.schedule(0)[0]
+            self._validate_settings(batch_size=batch_size, temperature=temperature)
+            self.audit = Audit(check_audit_every(audit_every, type(self).__name__,
+                                                 self.uses_minibatches))
+            self.batch_size = int(batch_size)
+            note("compiling the per-row likelihood")
+            self.likelihood = MinibatchLikelihood(
+                model, vars, initial_point=initial_point, mode=mode,
+                step_name=type(self).__name__, data=data, shuffled_copy=shuffled_copy,
+            )
+            self.vars = self.likelihood.value_vars
+            self.model = model
+            self.scaling = float(scaling)
+            self.tune = bool(tune)
+            self._tune_enabled = bool(tune)
+            self.temperature = float(temperature)
+            self.check_start = bool(check_start)
+            self.rng = get_random_generator(rng)
+            self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+            #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
+            note("the Δ* estimator")
+            self.estimator: RatioEstimator = make_estimator(
+                control_variate, self.likelihood, self.policy, reference=reference,
+                recenter=recenter, step_name=type(self).__name__,
+                supported=self.supports_control_variate,
+            )
+            #: The estimator when it has control variates, else None.
+            self.control_variate: TaylorEstimator | None = (
+                self.estimator if isinstance(self.estimator, TaylorEstimator) else None
+            )
+            self._posterior: SurrogatePosterior | None = None
+            self.proposal: Proposal = make_proposal(
+                proposal, S, dim=self.likelihood.point_map.size,
+                control_variate=self.control_variate, posterior=self.surrogate_posterior,
+                step=self,
+            )
+            surrogate = self.proposal.surrogate is not None
+            if surrogate and self.schedule is not None:
+                raise ValueError(
+                    f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
+                    "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
+                )
+            self.steps_per_draw = resolve_steps_per_draw(steps_per_draw, self.proposal)
+            if target_accept is None:
+                target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
+            self.tuner = ScalingTuner(float(scaling), target=target_accept,
+                                      maximum=self.proposal.max_scale)
+            self.scaling = self.tuner.scaling
+            self._declare_stats()
+            #: Wall-clock seconds the step took to build (checks, compilation, and with
+            #: control variates the MAP search and full-data passes).
+            self.setup_seconds = time.perf_counter() - started
+            #: Full passes over the data made while building (with control variates: the MAP
+            #: search and the pass at θ̂; the validation of the split uses a few rows only).
+            self.setup_passes = (
+                getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
+            )
+            self._tuning = True
+            self._started = False
+            self._n_rows = self.likelihood.n_rows_initial
+            self._warned_nonfinite = False
+            self._chain_started = False
+            #: The proposal's state at the current point (None: to be built).
+            self._proposal_state: ProposalState | None = None
+
+    def surrogate_posterior(self) -> SurrogatePosterior:
+        """The data-free surrogate posterior π̃ of the control variates (built on first use).
+
+        ``log π̃ = log p0 + proxy / K`` at the step's temperature K, with the Laplace fit at
+        θ̂; the one place where the control variates, the likelihood and the temperature
+        are joined for the proposals.
+
+        Raises
+        ------
+        ValueError
+            Without control variates, or when the Hessian at θ̂ is not negative definite
+            (no Laplace fit).
+
+        """
+        if self._posterior is None:
+            cv, lik = self.control_variate, self.likelihood
+            if cv is None:
+                raise ValueError("The surrogate posterior needs control_variate='taylor'.")
+            inv_t = 1.0 / self._temperature
+            laplace = GaussianSurrogate(np.asarray(cv.reference.theta, dtype=np.float64),
+                                        cv.laplace_covariance(self._temperature))
+            flat = lik.graphs.flat
+
+            def log_density(x: np.ndarray) -> float:
+                return cv.proxy_value(x) * inv_t + lik.prior(x)
+
+            def gradient(x: np.ndarray) -> np.ndarray:
+                return cv.proxy_gradient(x) * inv_t + lik.prior_gradient(x)
+
+            self._posterior = SurrogatePosterior(
+                laplace, log_density, gradient, flat,
+                lik.graphs.prior + cv.proxy_graph(flat) * inv_t,
+            )
+        return self._posterior
+
+    def _declare_stats(self) -> None:
+        """Declare only the stats this step reports (each costs time on every draw).
+
+        The audit's stats need ``audit_every``; the proposal's code, ρ and step size a
+        proposal other than the random walk; ``scaling`` a proposal that uses the tuned
+        scale; subclasses drop more in :meth:`_unused_stats`.
+        """
+        self._proposal_stats = self.proposal.reports_parameters
+        unused = set(self._unused_stats())
+        if self.audit.every is None:
+            unused |= Audit.NOT_AUDITED.keys()
+        if not self._proposal_stats:
+            unused |= {"proposal", "rho", "step_size"}
+        if not self.proposal.uses_scale:
+            unused.add("scaling")
+        shapes = {k: v for k, v in type(self).stats_dtypes_shapes.items() if k not in unused}
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{name: dtype for name, (dtype, _) in shapes.items()}]
+
+    def _unused_stats(self) -> Sequence[str]:
+        """Test-specific stats (``test_stats``) this step's settings leave constant."""
+        return ()
+
+    # ----------------------------------------------------------------- settings
+    def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
+        check_batch_size(batch_size)
+        check_temperature(temperature)
+
+    @property
+    def temperature(self) -> float:
+        """K: the likelihood is raised to ``1/K``."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        check_temperature(value)
+        self._temperature = float(value)
+        self._inv_temperature = np.array(1.0 / self._temperature)
+
+    # ------------------------------------------------------------- chain hooks
+    def _start_chain(self, rng: Any) -> None:
+        # Every draw of the chain comes from this generator's state, single values in
+        # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
+        self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
+        self.proposal.start_chain(rng)  # restarts its adaptation; spawns its own generators
+        self.rng = rng = BufferedGenerator(rng)
+        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
+        if self.uses_minibatches and self.batch_size > self._n_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than the number of observations "
+                f"N={self._n_rows}. Use a batch_size between 1 and N."
+            )
+        self.estimator.start_chain(rng, self.batch_size)
+        self.proposal.set_tuning(self._tune_enabled)  # a proposal that adapts itself
+        self._proposal_state = None
+        self._started = True
+        self._tuning = True
+        self._chain_started = False
+        self._warned_nonfinite = False
+        self._chain_steps = 0
+        self._chain_batch_total = 0
+        self._chain_accepted = 0
+        self._step_factor = 1.0
+        self._next_change: int | None = None
+        if self.schedule is not None:
+            self.temperature, self._step_factor = self.schedule(0)
+            self._next_change = self.schedule.next_change(0)
+
+    def reset_tuning(self) -> None:
+        """Reset the proposal scale to its initial value (called by PyMC per chain)."""
+        self.tuner.reset()
+        self.scaling = self.tuner.scaling
+
+    def stop_tuning(self) -> None:
+        """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on."""
+        self.tune = False
+        self._tuning = False
+        self.proposal.set_tuning(False)
+
+    # --------------------------------------------------------------------- step
+    @abstractmethod
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> TestOutcome:
+        """Run the acceptance test on the opened estimator."""
+
+    def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
+        """The test-specific stats of one outcome (see ``test_stats``)."""
+        return {}
+
+    def _error_estimate(self, outcome: Any) -> float:
+        """The ``error_estimate`` stat of one outcome (NaN: the test gives none)."""
+        return math.nan
+
+    def _begin_chain(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The chain's first step: checks of the point (and a start outside pm.sample).
+
+        With tuning, the chain starts from the proposal's
+        :meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point` (a draw of the
+        Laplace fit for a surrogate proposal; PyMC's start for the random walk): tuning
+        draws are discarded.
+        """
+        if not self._started:
+            self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
+        check_same_model(self, point)
+        if self._tuning and self._tune_enabled:
+            draw = self.proposal.start_point(self.rng)
+            if draw is not None:
+                point = self.likelihood.point_map.to_point(draw, point)
+        if self.check_start:
+            self.likelihood.check_point(point)
+        self._chain_started = True
+        return point
+
+    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One draw: ``steps_per_draw`` transitions, their stats merged."""
+        if not self._chain_started:
+            point = self._begin_chain(point)
+        elif self.likelihood.other_shared:
+            # Other steps of a compound step may have moved the variables the surrogate's
+            # prior reads: its value and gradient at the point are recomputed.
+            self._proposal_state = None
+        transitions = []
+        for _ in range(self.steps_per_draw):
+            point, (stats,) = self._transition(point)
+            transitions.append(stats)
+        return point, [merge_stats(transitions)]
+
+    def _transition(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One transition: map the point, propose, open the estimator, test, tune."""
+        if self._next_change is not None and self._chain_steps >= self._next_change:
+            self.temperature, self._step_factor = self.schedule(self._chain_steps)
+            self._next_change = self.schedule.next_change(self._chain_steps)
+        lik = self.likelihood
+        if lik.other_shared:
+            lik.set_others(point)
+        x_cur = lik.point_map.flat_view(point)  # only read below
+        estimator = self.estimator
+        recentered = estimator.maybe_recenter(x_cur) if self._tuning else 0
+        state = self._proposal_state
+        if recentered or state is None or not np.array_equal(state.x, x_cur):
+            # A chain start, a re-centring (the surrogate moved with θ̂), or a point this
+            # proposal did not produce: the state is built afresh at the point.
+            state = self.proposal.init(np.array(x_cur, dtype=np.float64))
+        new_state, info = self.proposal.propose(
+            self.rng, state, self.scaling * self._step_factor
+        )
+        x_prop = new_state.x
+        data_free = estimator.open(
+            x_cur, x_prop, self._inv_temperature, info.log_q_ratio,
+            self.policy.rows if self.uses_minibatches else 0,
+        )
+        outcome = self._decide(estimator, data_free)
+        audit = self.audit(estimator, data_free, outcome, getattr(self, "correction", None))
+        estimator.close(outcome.rounds)
+        self._proposal_state = new_state if outcome.accepted else state
+        stats = self._complete_step(point, x_prop, outcome, recentered + self.audit.rows, audit)
+        new_point, (step_stats,) = stats
+        if self.proposal.uses_scale:
+            step_stats["scaling"] = info.scale
+        if self._proposal_stats:
+            step_stats["proposal"] = self._proposal_code
+            step_stats["rho"] = info.rho
+            step_stats["step_size"] = info.step_size
+        return stats
+
+    @property
+    def _proposal_code(self) -> int:
+        return PROPOSAL_CODES.get(self.proposal.name, -1)
+
+    def _complete_step(
+        self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, extra: int,
+        audit: Mapping[str, Any],
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The second half of :meth:`step`: the new point, the common stats, the tuning.
+
+        ``extra`` counts the rows of a re-centring and of the audit (``audit``, its stats).
+        """
+        lik = self.likelihood
+        if outcome.nonfinite and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            warnings.warn(
+                f"{type(self).__name__}: a NaN or infinite log-likelihood ratio was met in a "
+                "minibatch; the proposal was rejected. Steps with this fault are counted in "
+                "the 'nonfinite' sample stat (this warning is shown once per chain).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        accepted = outcome.accepted
+        new_point = lik.point_map.to_point(x_prop, point) if accepted else point
+        steps = self._chain_steps = self._chain_steps + 1
+        self._chain_batch_total += outcome.batch_size
+        if accepted:
+            self._chain_accepted += 1
+        # g(Δ*) for the Barker tests; the decision itself for the others.
+        accept = getattr(outcome, "accept_prob", None)
+        if accept is None:
+            accept = 1.0 if accepted else 0.0
+        stats = {
+            "accepted": 1.0 if accepted else 0.0,
+            "accept": accept,
+            "batch_size": outcome.batch_size,
+            "growth_rounds": outcome.rounds,
+            "full_data": outcome.full_data,
+            "nonfinite": outcome.nonfinite,
+            "extra_evaluations": outcome.extra_evaluations + extra,
+            "temperature": self._temperature,
+            "tune": self.tune,
+            "mean_batch_size": self._chain_batch_total / steps,
+            "accept_rate": self._chain_accepted / steps,
+            "recentered": extra > self.audit.rows,
+            "error_estimate": self._error_estimate(outcome),
+            **audit,
+            **self._test_stat_values(outcome),
+        }
+        if self.tune and self._tune_enabled and self.proposal.uses_scale:
+            self.scaling = self.tuner.update(accept)
+        return new_point, [stats]
+
+    # --------------------------------------------------------- progress bar
+    def _tuned_stat(self) -> str | None:
+        """The stat of the progress bar's third column: what the proposal tuned."""
+        if self.proposal.uses_scale:
+            return "scaling"
+        return "step_size" if self._proposal_stats else None
+
+    def progress_bar_columns(self, n_chains: int) -> tuple[list[Any], dict[str, list[Any]]]:
+        """The running mean batch size, acceptance rate and tuned parameter, per chain."""
+        return progressbar_config(n_chains, self._tuned_stat())
+
+    def progress_bar_updates(self) -> tuple[Any, ...]:
+        """The function that maps a draw's stats to the progress bar's fields."""
+        return progressbar_update_functions(self._tuned_stat())
+
+    @staticmethod
+    def competence(var: Any, has_grad: bool) -> Competence:
+        """Never chosen automatically: a minibatch test is an explicit choice."""
+        if var.dtype in continuous_types:
+            return Competence.COMPATIBLE
+        return Competence.INCOMPATIBLE
+
