@@ -17,25 +17,22 @@ from test_proposal_choice import normal_model
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
-from pymc_minibatch_mh.transition.inner_steps import (
-    NUTS_STEPS_PER_DRAW,
-    SURROGATE_STEPS_PER_DRAW,
-    merge_stats,
-    resolve_steps_per_draw,
+from pymc_minibatch_mh.proposals import (
+    CrankNicolsonProposal,
+    RandomWalkProposal,
+    SurrogateNUTSProposal,
+    SurrogateTransitionProposal,
 )
+from pymc_minibatch_mh.transition.inner_steps import merge_stats, resolve_steps_per_draw
 
 
 def test_auto_and_refusals():
-    class Surrogate:
-        surrogate, name = object(), "crank_nicolson"
-
-    class SurrogateNUTS(Surrogate):
-        name = "surrogate_nuts"
-
-    assert resolve_steps_per_draw("auto", Surrogate()) == SURROGATE_STEPS_PER_DRAW == 3
-    assert resolve_steps_per_draw("auto", SurrogateNUTS()) == NUTS_STEPS_PER_DRAW == 9
-    assert resolve_steps_per_draw("auto", object()) == 1
-    assert resolve_steps_per_draw(5, object()) == 5
+    # what each proposal declares (the proposals are not built: the class attribute is read)
+    assert resolve_steps_per_draw("auto", CrankNicolsonProposal) == 3
+    assert resolve_steps_per_draw("auto", SurrogateTransitionProposal) == 3
+    assert resolve_steps_per_draw("auto", SurrogateNUTSProposal) == 9
+    assert resolve_steps_per_draw("auto", RandomWalkProposal) == 1
+    assert resolve_steps_per_draw(5, RandomWalkProposal) == 5
     with normal_model():
         assert MinibatchBarker(control_variate="taylor").steps_per_draw == 3
         assert MinibatchBarker(batch_size=50).steps_per_draw == 1

@@ -12,15 +12,18 @@ from conftest import sample_kwargs
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
 from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.proposals.base import RandomWalkProposal
-from pymc_minibatch_mh.proposals.crank_nicolson import (
+from pymc_minibatch_mh.proposals import (
     CrankNicolsonProposal,
+    GaussianSurrogate,
+    Proposal,
+    ProposalInfo,
+    RandomWalkProposal,
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
+    SurrogateNUTSProposal,
+    SurrogateTransitionProposal,
 )
-from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
 from pymc_minibatch_mh.proposals.registry import PROPOSAL_CODES
-from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
 
 Y = np.random.default_rng(5).normal(1.3, 2.0, size=4000)
 
@@ -92,12 +95,19 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
         assert np.all((rho >= 0) & (rho < 1)) and np.all(np.isnan(size))
     else:
         assert np.all(size > 0) and np.all(np.isnan(rho))
+    # ``scaling`` is the scale the proposal used, reported only where it uses one
+    assert ("scaling" in ss) == step.proposal.uses_scale == (kind not in (
+        "surrogate_transition", "surrogate_nuts"))
+    if kind == "crank_nicolson":
+        scaling = np.asarray(ss["scaling"]).ravel()
+        assert np.all(scaling <= 1.0)
+        np.testing.assert_allclose(np.sqrt(1 - rho**2), scaling, rtol=1e-12)
     # residuals are 0: one round of 50 rows in each of the draw's transitions
     assert step.steps_per_draw == (9 if kind == "surrogate_nuts" else 3)
     assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw
 
 
-class DroppedRatio:
+class DroppedRatio(Proposal):
     """A surrogate proposal whose log-q ratio is dropped: breaks detailed balance."""
 
     name = "broken"
@@ -105,8 +115,12 @@ class DroppedRatio:
     def __init__(self, inner):
         self.inner = inner
 
-    def propose(self, rng, x, scale):
-        return self.inner.propose(rng, x, scale)[0], 0.0
+    def init(self, x):
+        return self.inner.init(x)
+
+    def propose(self, rng, state, scale):
+        new, info = self.inner.propose(rng, state, scale)
+        return new, ProposalInfo(0.0, info.scale)
 
 
 @pytest.mark.parametrize("step_class", [MinibatchBarker, AustereMH])
@@ -118,8 +132,6 @@ def test_dropping_the_log_q_ratio_is_detected(step_class):
                           tune=False, scaling=1.0)
         # An independence sampler from a wider, shifted copy of the fit: the ratio matters.
         surrogate = step.proposal.surrogate
-        from pymc_minibatch_mh.proposals.crank_nicolson import GaussianSurrogate
-
         wide = GaussianSurrogate(surrogate.theta_hat + 2 * surrogate.chol[0],
                                  4.0 * surrogate.chol @ surrogate.chol.T)
         step.proposal = DroppedRatio(CrankNicolsonProposal(wide))
@@ -163,4 +175,4 @@ def test_auto_runs_nuts_on_the_surrogate_where_the_quantities_are_not_affine():
     codes = np.asarray(sample_stats(runs[0])["proposal"])
     assert np.all(codes == PROPOSAL_CODES["surrogate_nuts"])
     with pytest.raises(ValueError, match="n_inner must be an integer"):
-        SurrogateNUTSProposal(step, n_inner=0)
+        SurrogateNUTSProposal(step.surrogate_posterior(), n_inner=0)

@@ -15,9 +15,10 @@ import pytest
 from scipy.special import expit, log_expit
 from scipy.stats import multivariate_normal
 
-from pymc_minibatch_mh.proposals.crank_nicolson import (
+from pymc_minibatch_mh.proposals import (
     CrankNicolsonProposal,
     GaussianSurrogate,
+    ProposalState,
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
 )
@@ -41,24 +42,31 @@ class FixedNormals:
         return v.copy()
 
 
+def move(proposal, rng, x, scale):
+    """One proposal from a fresh state at ``x``: ``(x′, log_q_ratio, info)``."""
+    state, info = proposal.propose(rng, proposal.init(np.asarray(x, dtype=np.float64)), scale)
+    return state.x, info.log_q_ratio, info
+
+
 def mh_chain(proposal, log_target, x0, scale, n, seed, q_mode="exact"):
-    """Exact MH: accept iff log u < log π(θ') − log π(θ) + log_q_ratio."""
+    """Exact MH: accept iff log u < log π(θ') − log π(θ) + log_q_ratio (state carried)."""
     rng = np.random.default_rng(seed)
-    x = np.array(x0, dtype=np.float64)
-    lp = log_target(x)
-    out = np.empty((n, x.size))
+    state = proposal.init(np.array(x0, dtype=np.float64))
+    lp = log_target(state.x)
+    out = np.empty((n, state.x.size))
     accepted = 0
     for i in range(n):
-        x_new, log_q = proposal.propose(rng, x, scale)
+        new, info = proposal.propose(rng, state, scale)
+        log_q = info.log_q_ratio
         if q_mode == "zero":
             log_q = 0.0
         elif q_mode == "flip":
             log_q = -log_q
-        lp_new = log_target(x_new)
+        lp_new = log_target(new.x)
         if math.log(rng.random()) < lp_new - lp + log_q:
-            x, lp = x_new, lp_new
+            state, lp = new, lp_new
             accepted += 1
-        out[i] = x
+        out[i] = state.x
     return out, accepted / n
 
 
@@ -233,7 +241,7 @@ def test_cn_log_q_ratio_matches_brute_force(rho):
     assert prop.rho(scale) == pytest.approx(rho, abs=1e-12)
     for _ in range(5):
         x = sur.theta_hat + 2.0 * rng.normal(size=d)
-        x_new, log_q = prop.propose(rng, x, scale)
+        x_new, log_q, info = move(prop, rng, x, scale)
         s2 = 1.0 - rho**2
 
         def log_q_dens(to, frm, s2=s2):
@@ -244,20 +252,23 @@ def test_cn_log_q_ratio_matches_brute_force(rho):
         assert log_q == pytest.approx(brute, rel=1e-9, abs=1e-9)
         # ... which is also log N(x; θ̂, Σ) − log N(x'; θ̂, Σ) (reversibility).
         assert log_q == pytest.approx(sur.log_density(x) - sur.log_density(x_new), abs=1e-9)
-    assert prop.stats() == {"rho": pytest.approx(rho, abs=1e-12)}
+        assert info.rho == pytest.approx(rho, abs=1e-12)
+        assert info.scale == pytest.approx(scale)
 
 
 def test_cn_scale_at_least_one_is_the_independence_sampler():
     sur = _gauss_surrogate()
     prop = CrankNicolsonProposal(sur)
     x = np.array([1.0, 0.0, -1.0])
-    x1, r1 = prop.propose(np.random.default_rng(3), x, 1.0)
-    x5, r5 = prop.propose(np.random.default_rng(3), x, 5.0)
+    x1, r1, _ = move(prop, np.random.default_rng(3), x, 1.0)
+    x5, r5, info = move(prop, np.random.default_rng(3), x, 5.0)
     np.testing.assert_array_equal(x1, x5)
     assert r1 == r5
-    assert prop.stats() == {"rho": 0.0}
+    assert info.rho == 0.0
+    assert info.scale == 1.0  # the scale it used: clamped
+    assert CrankNicolsonProposal.max_scale == 1.0  # the tuner stays at or below it
     # Independent of x: the same draw from another start gives the same proposal.
-    x2, _ = CrankNicolsonProposal(sur).propose(np.random.default_rng(3), -x, 1.0)
+    x2, _, _ = move(CrankNicolsonProposal(sur), np.random.default_rng(3), -x, 1.0)
     np.testing.assert_allclose(x2, x1, atol=1e-12)
 
 
@@ -278,10 +289,10 @@ def test_mala_log_q_ratio_matches_brute_force(h):
 
     for _ in range(5):
         x = rng.normal(size=d)
-        x_new, log_q = prop.propose(rng, x, h)
+        x_new, log_q, info = move(prop, rng, x, h)
         brute = log_q_dens(x, x_new) - log_q_dens(x_new, x)
         assert log_q == pytest.approx(brute, rel=1e-8, abs=1e-8)
-    assert prop.stats() == {"step_size": h}
+        assert info.step_size == h
 
 
 def test_mala_reverse_move_has_opposite_ratio():
@@ -291,12 +302,12 @@ def test_mala_reverse_move_has_opposite_ratio():
     h = 0.8
     x = rng.normal(size=d)
     xi = rng.normal(size=d)
-    x_new, log_q = SurrogateLangevinProposal(_nonlinear_grad, sur).propose(FixedNormals(xi), x, h)
+    x_new, log_q, _ = move(SurrogateLangevinProposal(_nonlinear_grad, sur), FixedNormals(xi), x, h)
     # The noise that takes x_new back to x.
     back = x - x_new - 0.5 * h**2 * sur.cov @ _nonlinear_grad(x_new)
     xi_back = np.linalg.solve(sur.chol, back) / h
-    x_back, log_q_back = SurrogateLangevinProposal(_nonlinear_grad, sur).propose(
-        FixedNormals(xi_back), x_new, h
+    x_back, log_q_back, _ = move(
+        SurrogateLangevinProposal(_nonlinear_grad, sur), FixedNormals(xi_back), x_new, h
     )
     np.testing.assert_allclose(x_back, x, atol=1e-12)
     assert log_q_back == pytest.approx(-log_q, abs=1e-10)
@@ -323,7 +334,7 @@ def test_hmc_matches_explicit_hamiltonian(n_steps):
         x = rng.normal(size=d)
         u = rng.normal(size=d)
         prop = SurrogateHMCProposal(_nonlinear_grad, sur, n_steps=n_steps)
-        x_new, log_q = prop.propose(FixedNormals(u), x, eps)
+        x_new, log_q, info = move(prop, FixedNormals(u), x, eps)
         # u = Lᵀp with p ~ N(0, M): p = L⁻ᵀu.
         p = np.linalg.solve(sur.chol.T, u)
         x_ref, p_ref = _explicit_leapfrog(x, p, eps, n_steps, sur.cov, _nonlinear_grad)
@@ -334,13 +345,14 @@ def test_hmc_matches_explicit_hamiltonian(n_steps):
         brute = kinetic.logpdf(p_ref) - kinetic.logpdf(p)
         assert log_q == pytest.approx(brute, rel=1e-8, abs=1e-8)
         # Momentum flip: starting at x_new with −p_ref returns to x with the opposite ratio.
-        x_back, log_q_back = SurrogateHMCProposal(_nonlinear_grad, sur, n_steps).propose(
-            FixedNormals(-sur.chol.T @ p_ref), x_new, eps
+        x_back, log_q_back, _ = move(
+            SurrogateHMCProposal(_nonlinear_grad, sur, n_steps),
+            FixedNormals(-sur.chol.T @ p_ref), x_new, eps,
         )
         np.testing.assert_allclose(x_back, x, atol=1e-9)
         assert log_q_back == pytest.approx(-log_q, abs=1e-9)
         assert prop.n_grad_evals == n_steps + 1
-    assert prop.stats() == {"step_size": eps}
+        assert info.step_size == eps
 
 
 def test_hmc_one_step_is_mala():
@@ -348,19 +360,20 @@ def test_hmc_one_step_is_mala():
     d = 5
     sur = GaussianSurrogate(rng.normal(size=d), _random_spd(rng, d))
     x = rng.normal(size=d)
-    a = SurrogateLangevinProposal(_nonlinear_grad, sur).propose(np.random.default_rng(1), x, 0.9)
-    b = SurrogateHMCProposal(_nonlinear_grad, sur, 1).propose(np.random.default_rng(1), x, 0.9)
+    a = move(SurrogateLangevinProposal(_nonlinear_grad, sur), np.random.default_rng(1), x, 0.9)
+    b = move(SurrogateHMCProposal(_nonlinear_grad, sur, 1), np.random.default_rng(1), x, 0.9)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-12, atol=1e-12)
     assert a[1] == pytest.approx(b[1], rel=1e-10, abs=1e-12)
 
 
-# --------------------------------------------------------------------------- caching
+# --------------------------------------------------------------------------- state
 
 
 @pytest.mark.parametrize("kind", ["cn", "mala", "hmc"])
-def test_cache_gives_the_same_chain_as_fresh_proposals(kind):
-    """Reusing values at the last input/output must not change any proposal or ratio,
-    including when the caller mutates the returned array in place."""
+def test_carried_state_gives_the_same_chain_as_fresh_states(kind):
+    """What travels in the state (whitened point, whitened gradient) must not change any
+    proposal or ratio: a chain that carries it equals one that rebuilds it every call,
+    also when the caller mutates the returned array in place (a state's x is its own)."""
     sur = _gauss_surrogate()
 
     def make():
@@ -370,25 +383,30 @@ def test_cache_gives_the_same_chain_as_fresh_proposals(kind):
             return SurrogateLangevinProposal(_nonlinear_grad, sur)
         return SurrogateHMCProposal(_nonlinear_grad, sur, 2)
 
-    cached = make()
+    carried, fresh = make(), make()
     rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
-    x = SUR_MEAN.copy()
+    state = carried.init(SUR_MEAN.copy())
     for i in range(30):
-        x_new, r = cached.propose(rng_a, x, 0.6)
-        x_ref, r_ref = make().propose(rng_b, x, 0.6)
-        # CN recomputes a whitened point by a triangular solve instead of remembering
-        # it: equal up to rounding; gradients are remembered exactly.
-        np.testing.assert_allclose(x_new, x_ref, rtol=1e-13, atol=1e-13)
-        assert r == pytest.approx(r_ref, rel=1e-12, abs=1e-12)
+        new, info = carried.propose(rng_a, state, 0.6)
+        ref, info_ref = fresh.propose(rng_b, fresh.init(state.x.copy()), 0.6)
+        # CN's fresh state whitens by a triangular solve: equal up to rounding.
+        np.testing.assert_allclose(new.x, ref.x, rtol=1e-13, atol=1e-13)
+        assert info.log_q_ratio == pytest.approx(info_ref.log_q_ratio, rel=1e-12, abs=1e-12)
         if i % 3 == 0:
-            x = x_new  # accept
+            state = new  # accept
         elif i % 3 == 1:
-            x_new += 0.25  # the caller reuses the returned buffer
-            x = x_new
+            mutated = new.x.copy()
+            mutated += 0.25  # another point: the caller builds its state afresh
+            state = carried.init(mutated)
     if kind != "cn":
-        # n_steps gradients per proposal, plus one at the start point of the 11 calls whose
-        # point was not the last input or output (the first and the 10 after a mutation).
-        assert cached.n_grad_evals == 30 * (2 if kind == "hmc" else 1) + 11
+        # n_steps gradients per proposal, plus one per state built (the first and 10).
+        assert carried.n_grad_evals == 30 * (2 if kind == "hmc" else 1) + 11
+
+
+def test_proposal_state_is_immutable():
+    state = ProposalState(np.zeros(2))
+    with pytest.raises(AttributeError):
+        state.x = np.ones(2)
 
 
 def test_non_finite_gradient_means_rejection():
@@ -399,7 +417,7 @@ def test_non_finite_gradient_means_rejection():
 
     x = SUR_MEAN + np.array([2.0, 0.0, 0.0])
     for prop in (SurrogateLangevinProposal(grad, sur), SurrogateHMCProposal(grad, sur)):
-        x_new, r = prop.propose(np.random.default_rng(0), x, 0.5)
+        x_new, r, _ = move(prop, np.random.default_rng(0), x, 0.5)
         assert r == -math.inf
         np.testing.assert_array_equal(x_new, x)
 
@@ -469,7 +487,7 @@ def test_bad_scale_is_refused(scale):
         SurrogateHMCProposal(sur.grad_log_density, sur),
     ):
         with pytest.raises(ValueError, match="positive finite"):
-            prop.propose(np.random.default_rng(0), SUR_MEAN, scale)
+            move(prop, np.random.default_rng(0), SUR_MEAN, scale)
 
 
 def test_names_and_constructor_checks():
@@ -485,15 +503,14 @@ def test_names_and_constructor_checks():
         SurrogateHMCProposal(sur.grad_log_density, sur, n_steps=0)
     bad = SurrogateLangevinProposal(lambda x: np.zeros(2), sur)
     with pytest.raises(ValueError, match="expected \\(3,\\)"):
-        bad.propose(np.random.default_rng(0), SUR_MEAN, 0.5)
+        move(bad, np.random.default_rng(0), SUR_MEAN, 0.5)
 
 
-def test_proposal_surrogate_re_exports_the_split_modules():
-    from pymc_minibatch_mh.proposals import crank_nicolson as proposal_surrogate
-    from pymc_minibatch_mh.proposals import gradient as proposal_gradient
-    from pymc_minibatch_mh.proposals import surrogate as gaussian_surrogate
+def test_the_proposals_package_exports_every_proposal():
+    import pymc_minibatch_mh.proposals as proposals
+    from pymc_minibatch_mh.proposals.base import Proposal
 
-    assert proposal_surrogate.GaussianSurrogate is gaussian_surrogate.GaussianSurrogate
-    for name in proposal_gradient.__all__:
-        assert getattr(proposal_surrogate, name) is getattr(proposal_gradient, name)
-        assert name in proposal_surrogate.__all__
+    for name in proposals.__all__:
+        obj = getattr(proposals, name)
+        if isinstance(obj, type) and name.endswith("Proposal") and name != "Proposal":
+            assert issubclass(obj, Proposal), name

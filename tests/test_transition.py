@@ -33,6 +33,7 @@ from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
 from pymc_minibatch_mh.model.pointmap import PointMap
+from pymc_minibatch_mh.proposals import Proposal, ProposalInfo, ProposalState
 
 
 def mixture_model(n=30_000, seed=3):
@@ -211,7 +212,7 @@ def test_estimator_serves_the_rows_the_store_drew(control_variate):
                                rtol=1e-12, atol=1e-15)
 
 
-class IndependenceProposal:
+class IndependenceProposal(Proposal):
     """θ′ ~ N(m, s²) whatever θ: correct only with its log-q ratio."""
 
     name = "independence"
@@ -219,12 +220,13 @@ class IndependenceProposal:
     def __init__(self, mean, sd, with_ratio=True):
         self.mean, self.sd, self.with_ratio = mean, sd, with_ratio
 
-    def propose(self, rng, x, scale):
+    def propose(self, rng, state, scale):
+        x = state.x
         new = self.mean + self.sd * rng.standard_normal(x.shape[0])
         if not self.with_ratio:
-            return new, 0.0
+            return ProposalState(new), ProposalInfo(0.0)
         logq = stats.norm(self.mean, self.sd).logpdf
-        return new, float(np.sum(logq(x) - logq(new)))
+        return ProposalState(new), ProposalInfo(float(np.sum(logq(x) - logq(new))))
 
 
 @pytest.mark.parametrize("step_class", [ExactMH, MinibatchBarker])
