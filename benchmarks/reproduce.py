@@ -383,7 +383,7 @@ def write_report(args: argparse.Namespace, wall_seconds: float | None) -> Path:
             f"| **total** | | **{hours:.1f} h** (+ about 0.5 h for Table 3 at n = 4000) |",
             "",
             "Almost all of it is the per-step full passes of AustereMH(nc) and MHSubLhd "
-            "(the adapter evaluates them through row-index gathers of all N rows, at several "
+            "(the estimator evaluates them through row-index gathers of all N rows, at several "
             "µs per row for the 784-pixel rows on this machine).",
             "",
         ]

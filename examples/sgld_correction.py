@@ -216,12 +216,12 @@ def run_sgld(model: pm.Model, args: argparse.Namespace, start: float) -> dict:
         step = ExactMH(scaling=args.alpha, tune=False)  # only for its compiled likelihood
     proposal = StochasticLangevinProposal.for_step(step, batch_size=args.batch_size)
     rng = np.random.default_rng(args.seed)
-    x = np.array([start])
+    state = proposal.init(np.array([start]))
     out = np.empty(args.draws)
     t0 = time.perf_counter()
     for i in range(args.draws):
-        x, _ = proposal.propose(rng, x, args.alpha)
-        out[i] = x[0]
+        state, _ = proposal.propose(rng, state, args.alpha)
+        out[i] = state.x[0]
     return {"samples": out, "data_per_test": 0.0, "accept_rate": 1.0,
             "seconds": time.perf_counter() - t0}
 

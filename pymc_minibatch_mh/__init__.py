@@ -7,8 +7,12 @@ The main entry point is :class:`MinibatchBarker`, the minibatch Barker test of S
 Bernoulli and Categorical variables with the same tests (Korattikara et al. 2014, App. F).
 
 The acceptance tests themselves, the correction distribution, row sampling and error
-bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only); the PyMC adapter in
-:mod:`pymc_minibatch_mh.adapter`.
+bounds live in :mod:`pymc_minibatch_mh.core` (NumPy/SciPy only). The PyMC side is four
+parts above it: the row store (:mod:`pymc_minibatch_mh.store`), the model's compiled
+likelihood (:mod:`pymc_minibatch_mh.model`), the Δ* estimators
+(:mod:`pymc_minibatch_mh.estimators`) and the proposals
+(:mod:`pymc_minibatch_mh.proposals`); :mod:`pymc_minibatch_mh.transition` composes them into
+the shared base of the step methods (:mod:`pymc_minibatch_mh.step_methods`).
 """
 
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
