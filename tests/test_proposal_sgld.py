@@ -1,9 +1,12 @@
 """The SGLD proposal: exact per-minibatch log-q ratios, exact MH chains, uniform rows.
 
 The log-q ratio is compared with the difference of the two Gaussian log densities built
-from NumPy gradients on the same rows. A full-data MH chain (``ExactMH``) with the
-proposal must recover a conjugate posterior within 4 batch-means Monte Carlo errors, and
-the same check must reject the chain whose log-q ratio is dropped. Fixed seeds.
+from NumPy gradients on the same rows. Chains start 22 posterior sds from the mode (at
+PyMC's start μ = 0); after a burn-in, a full-data MH chain (``ExactMH``) and a minibatch
+chain (``AustereMH``) with the proposal must recover a conjugate posterior's mean and
+variance within 4 batch-means Monte Carlo errors, and the same check must reject the
+chains whose log-q ratio is dropped (plain SGLD moves at a large step, accepted by the
+test on the target alone). Fixed seeds.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import cloudpickle
 import numpy as np
 import pymc as pm
 import pytest
+from broken_proposals import AlteredRatio
 from scipy.special import expit
 from scipy.stats import chisquare, norm
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker
 from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.proposals.base import ProposalState
 from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
 
 Z_MAX = 4.0
@@ -133,8 +138,11 @@ def test_log_q_ratio_matches_brute_force(make, grads, x0, alpha, temperature):
     x = np.array(x0, dtype=np.float64)
     for _ in range(5):
         x_before = x.copy()
-        x_new, log_q = proposal.propose(rng, x, alpha)
+        state = proposal.init(x)
+        new_state, info = proposal.propose(rng, state, alpha)
+        x_new, log_q = new_state.x, info.log_q_ratio
         np.testing.assert_array_equal(x, x_before)  # not modified
+        assert x_new is not state.x and info.scale == info.step_size == alpha
         rows = proposal.last_rows
         assert rows.shape == (batch,) and np.unique(rows).size == batch
 
@@ -163,14 +171,17 @@ def test_for_step_reads_likelihood_and_temperature():
     assert proposal.name == "sgld"
 
 
-# --------------------------------------------------------------- (b) exact MH chains
+# --------------------------------------------------------------- (b) MH chains
 
-# Normal mean, N = 2000, σ = 2, prior N(0, 10²): posterior precision P ≈ 500; α = 0.6/P
-# and minibatches of 500 rows. Measured over seeds 1-4: |z| ≤ 2.4 with the log-q ratio,
-# variance z from −22 to −25 without it (10,000 draws), so the check has power.
+# Normal mean, N = 2000, σ = 2, prior N(0, 10²): posterior precision P ≈ 500, sd ≈ 0.045,
+# mean ≈ 1, so PyMC's start μ = 0 is 22 sds away. α = 0.6/P and minibatches of 500 rows:
+# the drift contracts the distance to the mode by 0.7 per step, so BURN_IN draws are
+# plenty. Measured over seeds 1-4 (10,000 draws): |z| ≤ 2.4 with the log-q ratio, variance
+# z from −22 to −25 without it, so the check has power.
 CHAIN_N = 2000
 CHAIN_BATCH = 500
 CHAIN_ALPHA_TIMES_PREC = 0.6
+BURN_IN = 200
 
 
 def _conjugate(y):
@@ -178,55 +189,45 @@ def _conjugate(y):
     return np.sum(y) / NORMAL_SIGMA**2 / prec, 1 / prec
 
 
-class _DroppedRatio:
-    """The same proposal with its log-q ratio replaced by 0 (a wrong correction)."""
-
-    name = "sgld_no_ratio"
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def propose(self, rng, x, scale):
-        x_new, _ = self.inner.propose(rng, x, scale)
-        return x_new, 0.0
-
-
-def _exact_chain(dropped, draws, seed=3):
+def _chain(make_step, how, draws, seed):
+    """Draws after BURN_IN of a chain from μ = 0 with the SGLD proposal (ratio ``how``)."""
     model, y = normal_mean_model(n=CHAIN_N, seed=3)
     mean, var = _conjugate(y)
     alpha = CHAIN_ALPHA_TIMES_PREC * var
     with model:
-        step = ExactMH(scaling=alpha, tune=False)
+        step = make_step(alpha)
         proposal = StochasticLangevinProposal.for_step(step, batch_size=CHAIN_BATCH)
-        step.proposal = _DroppedRatio(proposal) if dropped else proposal
-        idata = pm.sample(draws=draws, tune=0, step=step, random_seed=seed,
-                          initvals={"mu": mean}, **_kwargs())
+        step.proposal = AlteredRatio(proposal, how)
+        idata = pm.sample(draws=BURN_IN + draws, tune=0, step=step, random_seed=seed,
+                          **_kwargs())
     samples = np.asarray(posterior(idata)["mu"]).ravel()
+    assert abs(samples[0] - mean) > 10 * math.sqrt(var)  # started far from the mode
+    samples = samples[BURN_IN:]
     return moment_z(samples, mean, var), samples
 
 
-def test_exact_mh_with_sgld_proposal_recovers_the_posterior():
-    z, samples = _exact_chain(dropped=False, draws=20_000)
-    assert np.max(np.abs(z)) <= Z_MAX, z
-    assert 0.05 < np.mean(np.diff(samples) != 0) < 0.95
+def _exact(alpha):
+    return ExactMH(scaling=alpha, tune=False)
 
 
-def test_check_rejects_the_chain_without_log_q_ratio():
-    z, _ = _exact_chain(dropped=True, draws=10_000)
-    assert np.max(np.abs(z)) > 3 * Z_MAX, z
+def _austere(alpha):
+    return AustereMH(batch_size=200, epsilon=0.05, scaling=alpha, tune=False)
 
 
-def test_minibatch_test_runs_with_the_proposal():
-    # Smoke test of the intended use with a minibatch test: finite draws, rows counted.
-    model, y = normal_mean_model(n=CHAIN_N, seed=3)
-    mean, var = _conjugate(y)
-    with model:
-        step = AustereMH(batch_size=200, epsilon=0.05, scaling=0.5 * var, tune=False)
-        step.proposal = StochasticLangevinProposal.for_step(step, batch_size=100)
-        idata = pm.sample(draws=300, tune=0, step=step, random_seed=2,
-                          initvals={"mu": mean}, **_kwargs())
-    samples = np.asarray(posterior(idata)["mu"]).ravel()
-    assert np.all(np.isfinite(samples)) and abs(samples.mean() - mean) < 10 * math.sqrt(var)
+@pytest.mark.parametrize(
+    ("make_step", "draws"),
+    [(_exact, 10_000), (_austere, 6_000)],
+    ids=["exact-mh", "austere-mh"],
+)
+@pytest.mark.parametrize("how", ["exact", "dropped"])
+def test_chain_with_sgld_proposal_recovers_the_posterior(make_step, draws, how):
+    # The same check passes with the log-q ratio and fails without it.
+    z, samples = _chain(make_step, how, draws, seed=3)
+    if how == "exact":
+        assert np.max(np.abs(z)) <= Z_MAX, z
+        assert 0.05 < np.mean(np.diff(samples) != 0) < 0.95
+    else:
+        assert np.max(np.abs(z)) > Z_MAX, z
 
 
 def test_step_with_the_proposal_pickles():
@@ -235,12 +236,13 @@ def test_step_with_the_proposal_pickles():
     with model:
         step = ExactMH(scaling=1e-3, tune=False)
     step.proposal = StochasticLangevinProposal.for_step(step, batch_size=20)
-    step.proposal.propose(np.random.default_rng(0), np.array([0.5]), 1e-3)
+    start = ProposalState(np.array([0.5]))
+    step.proposal.propose(np.random.default_rng(0), start, 1e-3)
     clone = cloudpickle.loads(cloudpickle.dumps(step))
-    a = step.proposal.propose(np.random.default_rng(1), np.array([0.5]), 1e-3)
-    b = clone.proposal.propose(np.random.default_rng(1), np.array([0.5]), 1e-3)
+    a = step.proposal.propose(np.random.default_rng(1), start, 1e-3)
+    b = clone.proposal.propose(np.random.default_rng(1), start, 1e-3)
     assert clone.proposal.likelihood is clone.likelihood
-    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[0].x, b[0].x)
     assert a[1] == b[1]
 
 
@@ -285,8 +287,8 @@ def test_rows_follow_new_data_and_refuse_a_too_large_batch():
     step.likelihood.n_rows()  # what a chain start does
     seen = np.concatenate([proposal.draw_rows(rng) for _ in range(200)])
     assert seen.max() >= 50 and seen.max() < 400
-    x_new, _ = proposal.propose(rng, np.array([0.0]), 1e-3)
-    assert x_new[0] > 0  # the gradient uses the new data (all ones) and N = 400
+    new_state, _ = proposal.propose(rng, proposal.init(np.array([0.0])), 1e-3)
+    assert new_state.x[0] > 0  # the gradient uses the new data (all ones) and N = 400
     with model:
         pm.set_data({"data": np.ones(20)})
     step.likelihood.n_rows()
@@ -323,7 +325,7 @@ def test_bad_step_size_is_refused(scale):
         step = ExactMH(tune=False)
     proposal = StochasticLangevinProposal(step.likelihood, batch_size=10)
     with pytest.raises(ValueError, match="step size"):
-        proposal.propose(np.random.default_rng(0), np.array([0.0]), scale)
+        proposal.propose(np.random.default_rng(0), proposal.init(np.array([0.0])), scale)
 
 
 def test_not_a_likelihood_is_refused():
@@ -340,8 +342,10 @@ def test_non_finite_gradient_rejects():
         warnings.simplefilter("ignore", RuntimeWarning)
         # At log σ = −400, σ² underflows to 0: the gradient at θ is not finite.
         x = np.array([0.0, -400.0])
-        x_new, log_q = proposal.propose(np.random.default_rng(1), x, 1.0)
-        assert log_q == -math.inf and np.array_equal(x_new, x) and x_new is not x
+        new_state, info = proposal.propose(np.random.default_rng(1), proposal.init(x), 1.0)
+        assert info.log_q_ratio == -math.inf
+        assert np.array_equal(new_state.x, x) and new_state.x is not x
         # A finite gradient at θ but a step to log σ ≈ −400: not finite at θ′.
-        x_new, log_q = proposal.propose(np.random.default_rng(1), np.array([0.0, -1.0]), 1e5)
-    assert log_q == -math.inf
+        state = proposal.init(np.array([0.0, -1.0]))
+        _, info = proposal.propose(np.random.default_rng(1), state, 1e5)
+    assert info.log_q_ratio == -math.inf

@@ -115,21 +115,35 @@ def test_posterior_recovery(name, cls, kwargs):
     assert not check(draws_mu, wrong_mean, wrong_sd)[0]
 
 
-@pytest.mark.parametrize("kwargs", [dict(design="other"), dict(epsilon=0.7), dict(error_bound=0)])
-def test_austere_bad_parameters(kwargs, data):
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(design="other"), r"design must be 'fixed', 'conservative' or 'adaptive', got"),
+        (dict(epsilon=0.7), r"epsilon must be in \(0, 0\.5\), got 0\.7"),
+        (dict(error_bound=0), r"error_bound must be in \(0, 1\), got 0"),
+    ],
+)
+def test_austere_bad_parameters(kwargs, match, data):
     with pm.Model():
         mu = pm.Normal("mu")
         pm.Normal("x", mu, 1, observed=data)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=match):
             AustereMH(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(delta=0), dict(gamma=1.0), dict(p=1.0)])
-def test_mhsublhd_bad_parameters(kwargs, data):
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(delta=0), r"delta must be in \(0, 1\), got 0"),
+        (dict(gamma=1.0), r"gamma must be > 1, got 1\.0"),
+        (dict(p=1.0), r"p must be > 1, got 1\.0"),
+    ],
+)
+def test_mhsublhd_bad_parameters(kwargs, match, data):
     with pm.Model():
         mu = pm.Normal("mu")
         pm.Normal("x", mu, 1, observed=data)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=match):
             MHSubLhd(**kwargs)
 
 
