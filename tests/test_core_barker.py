@@ -34,6 +34,7 @@ class _WrongCorrection:
     """A correction with the right σ but no correction at all (X_corr = 0)."""
 
     sigma = 1.0
+    error = 0.0
 
     def sample(self, rng):
         return 0.0

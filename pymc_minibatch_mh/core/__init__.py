@@ -10,7 +10,9 @@
 - :mod:`~pymc_minibatch_mh.core.common`: what the threshold tests share;
 - :mod:`~pymc_minibatch_mh.core.correction`: the correction distribution ``C_σ``, built by
   the solvers of :mod:`~pymc_minibatch_mh.core.correction_solvers`;
-- :mod:`~pymc_minibatch_mh.core.moments`: running moments and the (estimated) error ε;
+- :mod:`~pymc_minibatch_mh.core.moments`: running moments, the finite-population variance
+  ``s²`` of Δ* and the (estimated) error ε;
+- :mod:`~pymc_minibatch_mh.core.logistic`: Barker's function ``g`` (the logistic CDF);
 - :mod:`~pymc_minibatch_mh.core.acceptance_error`: the Barker test's acceptance
   probability given its minibatch and the per-step error estimates;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;

@@ -47,46 +47,20 @@ from scipy.special import stdtr
 from scipy.stats import moment
 
 from pymc_minibatch_mh.core.correction import CorrectionSampler
+from pymc_minibatch_mh.core.logistic import barker_probability
+from pymc_minibatch_mh.core.moments import finite_population_factor
 from pymc_minibatch_mh.core.skew import acceptance_probability
 
 __all__ = [
     "barker_accept_probability",
     "barker_error_estimate",
     "barker_derivative",
-    "barker_probability",
+    "barker_probability",  # defined in core.logistic (the Barker function g)
     "edgeworth_bias",
     "population_third_cumulant",
     "third_cumulant",
     "threshold_error_estimate",
 ]
-
-
-@numba.njit(cache=True, nogil=True)
-def barker_probability(delta: float) -> float:
-    """Barker's acceptance probability ``g(Δ) = 1 / (1 + exp(-Δ))``, overflow-safe.
-
-    Parameters
-    ----------
-    delta : float
-        Log acceptance ratio.
-
-    Returns
-    -------
-    float
-        The probability.
-
-    Examples
-    --------
-    >>> barker_probability(0.0)
-    0.5
-    >>> barker_probability(-1000.0)
-    0.0
-
-    """
-    if delta >= 0:
-        return 1.0 / (1.0 + math.exp(-delta))
-    e = math.exp(delta)
-    return e / (1.0 + e)
 
 
 @numba.njit(cache=True)
@@ -303,8 +277,9 @@ def barker_error_estimate(
         return math.nan
     estimate = 0.0
     if variance > 0.0 and n > 1:
-        # σ̂ from s² = N²/(N − 1) σ̂² (N − n)/n (σ̂² with divisor N), then μ̂₃ = γ̂ σ̂³.
-        sd = math.sqrt(variance * (n_total - 1.0) * n / (n_total**2 * (n_total - n)))
+        # σ̂² from s² = N² σ̂² / n · (1 − (n − 1)/(N − 1)) (moments.delta_star_variance),
+        # then μ̂₃ = γ̂ σ̂³.
+        sd = math.sqrt(variance * n / (n_total**2 * finite_population_factor(n, n_total)))
         kappa3 = third_cumulant(abs(skew) * sd**3, n, n_total)
         estimate += abs(kappa3) * barker_derivative(delta_star, 1)  # κ₃ < 0 for n > N/2
     if variance < sigma * sigma:
@@ -349,7 +324,7 @@ def threshold_error_estimate(mean: float, threshold: float, std: float, n: int,
         return 0.0
     if not (math.isfinite(mean) and math.isfinite(threshold) and math.isfinite(std)) or n < 2:
         return math.nan
-    se = std / math.sqrt(n) * math.sqrt(1.0 - (n - 1.0) / (n_total - 1.0))
+    se = std / math.sqrt(n) * math.sqrt(finite_population_factor(n, n_total))
     if se <= 0.0:
         return 0.0 if mean != threshold else 0.5
     return float(stdtr(n - 1, -abs(mean - threshold) / se))  # the Student t CDF

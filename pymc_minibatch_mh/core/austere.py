@@ -42,9 +42,14 @@ from pymc_minibatch_mh.core.austere_error import (
     check_design,
     sequential_test_error,
 )
-from pymc_minibatch_mh.core.barker import TestOutcome
-from pymc_minibatch_mh.core.common import has_fault, is_fault, log_threshold, rejection
-from pymc_minibatch_mh.core.moments import RunningMoments, finite_population_factor
+from pymc_minibatch_mh.core.common import (
+    TestOutcome,
+    has_fault,
+    is_fault,
+    log_threshold,
+    rejection,
+)
+from pymc_minibatch_mh.core.moments import RunningMoments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = [
@@ -55,6 +60,7 @@ __all__ = [
     "AustereOutcome",
     "SequentialTestProperties",
     "adaptive_design",
+    "austere_error_estimate",
     "austere_nc_test",
     "austere_test",
     "batch_schedule",
@@ -177,9 +183,7 @@ def _sequential_t_test(
         elif n < 2:
             continue  # no degrees of freedom yet
         else:
-            std_error = math.sqrt(
-                moments.m2 / (n - 1) / n * finite_population_factor(n, n_total)
-            )
+            std_error = math.sqrt(moments.mean_variance(n_total))  # s, see core.moments
             t_stat = diff / std_error if std_error > 0.0 else _signed_inf(diff)
             # p-value 1 − F_{t, n−1}(|t|): scipy.special.stdtr is the Student t CDF that
             # scipy.stats.t uses, without its per-call overhead.
@@ -270,6 +274,45 @@ def threshold_t_test(threshold: Callable[..., tuple[float, float]], rng: np.rand
     return _sequential_t_test(
         source, mu0, batch_size, epsilon, extra=0, mu_std=math.nan, feasible=True
     )
+
+
+def austere_error_estimate(outcome: AustereOutcome) -> float:
+    """The step's estimate of the probability that its AustereMH test erred.
+
+    The one-sided p-value the sequential t-test stopped at: given the minibatch, about
+    the probability that the full-data mean lies on the other side of ``μ0`` (see
+    :func:`~pymc_minibatch_mh.core.acceptance_error.threshold_error_estimate`, which it
+    approximates).
+
+    Parameters
+    ----------
+    outcome : AustereOutcome
+        The test's outcome.
+
+    Returns
+    -------
+    float
+        0 when all N rows were used (the decision is exact), NaN when the test used no
+        rows (a non-finite data-free part), else the outcome's ``p_value`` (NaN if a
+        non-finite ratio stopped the test).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pymc_minibatch_mh.core.source import ArraySource
+    >>> rng = np.random.default_rng(0)
+    >>> source = ArraySource(rng.normal(0.5, 1.0, size=1000), rng=rng)
+    >>> source.start_step()
+    >>> out = austere_test(rng, source, 0.0, batch_size=100, epsilon=0.05)
+    >>> austere_error_estimate(out) == out.p_value < 0.05
+    True
+
+    """
+    if outcome.full_data:
+        return 0.0
+    return outcome.p_value if outcome.batch_size else math.nan
+
+
 def standardised_mean(mean: float, mu0: float, std: float, n_total: int) -> float:
     """Compute the standardised mean ``μ_std = (μ − μ0) √(N − 1) / σ_l``.
 

@@ -18,12 +18,15 @@ from typing import Any
 import numba
 import numpy as np
 
-from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate, barker_probability
+from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate
+from pymc_minibatch_mh.core.common import TestOutcome, check_batch_size
 from pymc_minibatch_mh.core.correction import CorrectionSampler
+from pymc_minibatch_mh.core.logistic import barker_accepts, barker_probability
 from pymc_minibatch_mh.core.moments import (
     EDGEWORTH_SUP,
     chunk_moments,
     clt_error_bound,
+    delta_star_variance,
     merge_moments,
     merge_third_moment,
     third_moment_sum,
@@ -34,14 +37,15 @@ from pymc_minibatch_mh.core.source import MinibatchSource
 __all__ = [
     "DONE",
     "EARLY",
+    "GROWTH_FACTOR",
     "NEED_MORE",
     "STOPPED",
     "BarkerOutcome",
     "BarkerTest",
     "CorrectionSampler",
-    "TestOutcome",
+    "TestOutcome",  # defined in core.common (the fields every test reports)
     "barker_decision",
-    "barker_probability",  # defined in core.acceptance_error (the Barker function g)
+    "barker_probability",  # defined in core.logistic (the Barker function g)
     "barker_rounds",
     "barker_test",
     "growth_rows",
@@ -56,38 +60,10 @@ EARLY = 2
 #: A non-finite Δ* (or NaN spread) stopped the test; the proposal is rejected.
 STOPPED = 3
 
-
-@dataclass(slots=True)
-class TestOutcome:
-    """Fields every minibatch acceptance test reports.
-
-    Attributes
-    ----------
-    accepted : bool
-        The decision.
-    batch_size : int
-        Observations the test consumed in this step (0 when the data-free part alone
-        decided, e.g. a proposal outside the prior's support).
-    rounds : int
-        Number of minibatches drawn (1 when the first one sufficed).
-    full_data : bool
-        Whether every observation was used (the decision is then the exact one).
-    nonfinite : bool
-        Whether a NaN or +inf log-likelihood ratio was met; the proposal is then rejected.
-    extra_evaluations : int
-        Observations evaluated outside the test's minibatch (full passes for bounds or
-        designs); 0 for the minibatch Barker test.
-
-    """
-
-    __test__ = False  # not a pytest test class
-
-    accepted: bool
-    batch_size: int
-    rounds: int
-    full_data: bool
-    nonfinite: bool
-    extra_evaluations: int
+#: A growing minibatch draws this many times the rows its variance predicts it needs
+#: (:func:`growth_rows`), so that most growing steps need one more evaluation, not one
+#: per round; the estimators' block-size policy assumes the same growth.
+GROWTH_FACTOR: float = 1.15
 
 
 @dataclass(slots=True)
@@ -170,7 +146,7 @@ def barker_decision(
     sigma2 = correction.sigma * correction.sigma
     if full_data or variance >= sigma2:
         # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
-        return bool(delta_star + rng.logistic() > 0.0)
+        return barker_accepts(rng, delta_star)
     # sd · N(0, 1) (the same value as rng.normal(0, sd)), or the skewed top-up.
     x_nc = skew_topup(rng, sigma2 - variance, skew)
     return bool(delta_star + x_nc + correction.sample(rng) > 0.0)
@@ -185,9 +161,9 @@ def barker_rounds(
     """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
 
     The stopping rules of the test, implemented once: rounds of ``min(batch_size, N − n)``
-    rows, the running moments, ``Δ* = N·mean + c``, ``s² = N²/(N − 1) · var̂ · (N − n)/n``,
-    stop when ``s² < σ²`` (and ``ε ≤ tolerance`` if set), or on the early-decision rule, or
-    at N rows.
+    rows, the running moments, ``Δ* = N·mean + c``, ``s²`` of
+    :func:`~pymc_minibatch_mh.core.moments.delta_star_variance`, stop when ``s² < σ²``
+    (and ``ε ≤ tolerance`` if set), or on the early-decision rule, or at N rows.
 
     Parameters
     ----------
@@ -228,7 +204,6 @@ def barker_rounds(
         data, NaN on a stop).
 
     """
-    fpc_scale = n_total * n_total / (n_total - 1.0) if n_total > 1 else 0.0
     pos = 0
     length = block.shape[0]
     variance = math.inf
@@ -253,8 +228,7 @@ def barker_rounds(
                     m3, 0.0, False, math.nan)
         if n >= n_total:
             return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False, 0.0
-        # s² = N² · var̂ / n · (1 − (n − 1)/(N − 1)) = N²/(N − 1) · var̂ · (N − n)/n
-        variance = fpc_scale * (m2 / (n - 1)) * (n_total - n) / n if n > 1 else math.inf
+        variance = delta_star_variance(m2, n, n_total)  # inf for n < 2
         if variance < sigma2:
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
             if tolerance <= 0.0 or epsilon <= tolerance:
@@ -287,14 +261,16 @@ def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: 
 
     The rows the test will need are predicted from its variance so far: ``s²`` at ``n'``
     rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]``, which falls below σ² at
-    ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The next draw asks for 15 % more than that, in
-    whole rounds, so that most growing steps need one more evaluation instead of one per
-    round. Only the cost and which random rows are drawn depend on this: rows drawn but
-    not used take no part in the decision and are not counted.
+    ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The next draw asks for :data:`GROWTH_FACTOR`
+    (1.15) times that, in whole rounds, so that most growing steps need one more
+    evaluation instead of one per round. Only the cost and which random rows are drawn
+    depend on this: rows drawn but not used take no part in the decision and are not
+    counted.
     """
     if 0.0 < variance < math.inf:
         target = n_total / (1.0 + sigma2 * (n_total - n) / (n * variance))
-        need = max(batch_size, -(-(int(1.15 * target) - n) // batch_size) * batch_size)
+        rounds = -(-(int(GROWTH_FACTOR * target) - n) // batch_size)  # ceiling division
+        need = max(batch_size, rounds * batch_size)
     else:
         need = batch_size
     return min(n_total - n, need)
@@ -355,7 +331,7 @@ class BarkerTest:
         early_decision: float | None = None,
         skew_correction: bool = False,
     ) -> None:
-        self.batch_size = int(batch_size)
+        self.batch_size = check_batch_size(batch_size)
         self.correction = correction
         self.tolerance = tolerance
         self.early_decision = early_decision
@@ -367,7 +343,7 @@ class BarkerTest:
             float(tolerance) if tolerance is not None else -1.0,
             float(early_decision) if early_decision is not None else -1.0,
             self.skew_correction,
-            float(getattr(correction, "error", 0.0)),  # the table's L∞ error
+            float(correction.error),  # the table's L∞ error
         )
         self._buf = np.empty(1024)
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import special
 
 from pymc_minibatch_mh.core.barker import BarkerTest
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
+from pymc_minibatch_mh.core.logistic import barker_probability
 from pymc_minibatch_mh.core.skew import acceptance_probability
 from pymc_minibatch_mh.core.source import ArraySource
 
@@ -146,7 +146,7 @@ def barker_acceptance_error(
     estimates, standard_errors = [], []
     for d in deltas:
         y = acceptance_probability(d + error, out[:, 1], corr.support, corr.weights,
-                                   corr.sigma, kappa) - special.expit(d)
+                                   corr.sigma, kappa) - barker_probability(d)
         beta = np.linalg.lstsq(centred, y - y.mean(), rcond=None)[0]
         adjusted = y - controls @ beta
         estimates.append(adjusted.mean())

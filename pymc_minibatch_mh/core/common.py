@@ -1,4 +1,8 @@
-"""Small helpers shared by the threshold-based acceptance tests (exact, AustereMH, MHSubLhd).
+"""What the acceptance tests share: outcome fields, the batch-size rule, threshold helpers.
+
+Every test's outcome extends :class:`TestOutcome`, and every ``batch_size`` of the package
+is checked by :func:`check_batch_size`. The other helpers serve the threshold-based tests
+(exact, AustereMH, MHSubLhd).
 
 The Metropolis–Hastings decision can be written as a comparison of the mean ratio with a
 threshold that depends on a uniform draw: accept iff ``μ > (log u − c) / N``, with
@@ -21,15 +25,14 @@ data_free : float
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-if TYPE_CHECKING:
-    from pymc_minibatch_mh.core.barker import TestOutcome
-
 __all__ = [
+    "TestOutcome",
     "check_batch_size",
     "draw_uniform",
     "has_fault",
@@ -38,7 +41,40 @@ __all__ = [
     "rejection",
 ]
 
-OutcomeT = TypeVar("OutcomeT", bound="TestOutcome")
+@dataclass(slots=True)
+class TestOutcome:
+    """Fields every minibatch acceptance test reports.
+
+    Attributes
+    ----------
+    accepted : bool
+        The decision.
+    batch_size : int
+        Observations the test consumed in this step (0 when the data-free part alone
+        decided, e.g. a proposal outside the prior's support).
+    rounds : int
+        Number of minibatches drawn (1 when the first one sufficed).
+    full_data : bool
+        Whether every observation was used (the decision is then the exact one).
+    nonfinite : bool
+        Whether a NaN or +inf log-likelihood ratio was met; the proposal is then rejected.
+    extra_evaluations : int
+        Observations evaluated outside the test's minibatch (full passes for bounds or
+        designs); 0 for the minibatch Barker test.
+
+    """
+
+    __test__ = False  # not a pytest test class
+
+    accepted: bool
+    batch_size: int
+    rounds: int
+    full_data: bool
+    nonfinite: bool
+    extra_evaluations: int
+
+
+OutcomeT = TypeVar("OutcomeT", bound=TestOutcome)
 
 
 def draw_uniform(rng: np.random.Generator) -> float:
@@ -142,8 +178,13 @@ def has_fault(values: NDArray[np.float64]) -> bool:
     return bool(np.isnan(values).any() or np.isposinf(values).any())
 
 
-def check_batch_size(batch_size: int) -> int:
+def check_batch_size(batch_size: Any) -> int:
     """Return ``batch_size`` as an int, or raise ``ValueError`` unless it is a positive integer.
+
+    The one rule for every ``batch_size`` of the package (the core tests, the step
+    methods, the SGLD proposal): a Python or NumPy integer of at least 1. A bool, a float
+    (even an integral one such as ``2.0``), a string or any other type is refused, so that
+    a value computed by mistake (a fraction, a flag) is not silently truncated.
 
     Parameters
     ----------
@@ -153,11 +194,31 @@ def check_batch_size(batch_size: int) -> int:
     Returns
     -------
     int
-        The same value.
+        The same value as a Python int.
+
+    Raises
+    ------
+    ValueError
+        If ``batch_size`` is not an integer (the message names the type and says to pass
+        an int) or is below 1.
+
+    Examples
+    --------
+    >>> check_batch_size(np.int64(50))
+    50
+    >>> check_batch_size(2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size must be a positive integer, got 2.0 (a float); pass an int such as 100.
 
     """
-    if int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise ValueError(
+            f"batch_size must be a positive integer, got {batch_size!r} "
+            f"(a {type(batch_size).__name__}); pass an int such as 100."
+        )
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     return int(batch_size)
 
 
@@ -180,7 +241,7 @@ def rejection(
     Parameters
     ----------
     outcome : type
-        The test's outcome class (a :class:`~pymc_minibatch_mh.core.barker.TestOutcome`).
+        The test's outcome class (a :class:`TestOutcome`).
     nonfinite : bool
         Whether the value was a fault (see :func:`is_fault`, :func:`has_fault`).
     batch_size, rounds : int, optional

@@ -65,9 +65,20 @@ _SHIPPED_MATCH_TOL = 1e-12
 
 
 class CorrectionSampler(Protocol):
-    """What the test needs of a correction distribution."""
+    """What the test needs of a correction distribution.
+
+    Attributes
+    ----------
+    sigma : float
+        σ of the normal part ``X_norm`` (the test's σ).
+    error : float
+        The L∞ distance between the CDF of ``X_norm + X_corr`` and the logistic CDF (0
+        only for an exact correction); the test adds it to its error estimate.
+
+    """
 
     sigma: float
+    error: float
 
     def sample(self, rng: np.random.Generator) -> float:
         """One draw of ``X_corr``."""

@@ -31,7 +31,9 @@ from typing import Any, Literal
 import numpy as np
 from scipy.linalg import solve as _dense_solve
 from scipy.optimize import linprog
-from scipy.special import expit, ndtr
+from scipy.special import ndtr
+
+from pymc_minibatch_mh.core.logistic import barker_probabilities
 
 __all__ = [
     "LOGISTIC_SD",
@@ -183,14 +185,14 @@ def signed_error(
 
 def _logistic_sf(x: np.ndarray) -> np.ndarray:
     """``1 − S(x) = S(−x)``."""
-    return expit(-x)
+    return barker_probabilities(-x)
 
 
 # Lower and upper tails of the reference CDFs R of :func:`mixture_cdf`: the "CDF" 0 (lower
 # tail 0, upper tail 1) leaves F itself.
 _REFERENCE_TAILS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], ...]] = {
     "zero": (np.zeros_like, np.ones_like),
-    "logistic": (expit, _logistic_sf),
+    "logistic": (barker_probabilities, _logistic_sf),
 }
 
 
@@ -307,7 +309,7 @@ def lp_solution(
     converged = False
     for _ in range(max_iter):
         g = columns(x)
-        s_bar = expit(-x)
+        s_bar = barker_probabilities(-x)
         ones = np.ones((x.size, 1))
         a_ub = np.block([[g, -ones], [-g, -ones]])
         b_ub = np.concatenate([s_bar, -s_bar])
@@ -384,7 +386,7 @@ def _ridge_normal_equations(
     h = V / n
     m = np.arange(-3 * n, 3 * n + 1, dtype=np.float64)
     fm = ndtr(m * h / sigma)  # fm[k] = f(k − 3n); column c of M is fm[2n − c : 6n − c + 1]
-    v = expit(np.arange(-2 * n, 2 * n + 1, dtype=np.float64) * h)
+    v = barker_probabilities(np.arange(-2 * n, 2 * n + 1, dtype=np.float64) * h)
     size = 2 * n + 1
     first_row = np.correlate(fm, fm[2 * n :], mode="valid")[::-1]
     mtv = np.correlate(fm, v, mode="valid")[::-1]

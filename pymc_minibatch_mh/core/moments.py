@@ -7,7 +7,10 @@ spread), and the values themselves for tests that need higher moments.
 
 :func:`chunk_moments`, :func:`merge_moments` and :func:`clt_error_bound` are compiled with
 Numba (``nogil``, cached on disk): they are the one implementation, called from Python by
-the reference tests and from compiled code by the fast path of the adapter.
+the reference tests and from compiled code by the fast path of the adapter. So are the
+finite-population factor and the variances built on it (:func:`finite_population_factor`,
+:func:`mean_variance`, :func:`delta_star_variance`), the one home of
+``s² = N² · var̂(l_B) / b · (1 − (b − 1)/(N − 1))``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ __all__ = [
     "RunningMoments",
     "chunk_moments",
     "clt_error_bound",
+    "delta_star_variance",
     "finite_population_factor",
+    "mean_variance",
     "merge_moments",
     "merge_third_moment",
     "third_moment_sum",
@@ -190,11 +195,15 @@ def merge_third_moment(
     )
 
 
+@numba.njit(cache=True, nogil=True)
 def finite_population_factor(n: int, n_total: int) -> float:
-    """The factor ``1 - (n - 1) / (N - 1)`` for sampling without replacement.
+    """The factor ``1 − (n − 1)/(N − 1)`` for sampling without replacement (compiled).
 
     It multiplies the variance of a mean of ``n`` rows drawn without replacement from
-    ``N``; it is 1 for ``n = 1`` and 0 for ``n = N``.
+    ``N``; it is 1 for ``n = 1`` and 0 for ``n = N``. The one implementation of this
+    factor: :func:`mean_variance` and :func:`delta_star_variance` (the tests' ``s²``),
+    AustereMH's standard error and the error estimates of
+    :mod:`~pymc_minibatch_mh.core.acceptance_error` all use it.
 
     Parameters
     ----------
@@ -208,10 +217,81 @@ def finite_population_factor(n: int, n_total: int) -> float:
     float
         The factor (0 when ``N = 1``).
 
+    Examples
+    --------
+    >>> finite_population_factor(1, 10), finite_population_factor(10, 10)
+    (1.0, 0.0)
+
     """
     if n_total <= 1:
         return 0.0
     return 1.0 - (n - 1) / (n_total - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def mean_variance(m2: float, n: int, n_total: int) -> float:
+    """Estimated variance of the mean of ``n`` of ``N`` rows drawn without replacement.
+
+    ``var̂ / n · (1 − (n − 1)/(N − 1))`` with ``var̂ = m2 / (n − 1)`` the sample variance
+    (compiled; see :func:`finite_population_factor`).
+
+    Parameters
+    ----------
+    m2 : float
+        Sum of squared deviations of the ``n`` values from their mean.
+    n : int
+        Rows drawn.
+    n_total : int
+        Population size N.
+
+    Returns
+    -------
+    float
+        The variance: 0 when ``n ≥ N`` (the mean is exact), ``inf`` with fewer than two
+        rows (no spread estimate).
+
+    Examples
+    --------
+    >>> mean_variance(4.0, 2, 3)
+    1.0
+
+    """
+    if n >= n_total:
+        return 0.0
+    if n < 2:
+        return math.inf
+    return m2 / (n - 1) / n * finite_population_factor(n, n_total)
+
+
+@numba.njit(cache=True, nogil=True)
+def delta_star_variance(m2: float, n: int, n_total: int) -> float:
+    """The estimated variance ``s²`` of ``Δ* = N · l̄ + c`` (compiled).
+
+    ``s² = N² · var̂(l_B) / n · (1 − (n − 1)/(N − 1))``: :func:`mean_variance` times
+    ``N²``. It is 0 at ``n = N``, where every test reduces to the exact one.
+
+    Parameters
+    ----------
+    m2 : float
+        Sum of squared deviations of the ``n`` ratios of the minibatch.
+    n : int
+        Minibatch size b.
+    n_total : int
+        Population size N.
+
+    Returns
+    -------
+    float
+        ``s²`` (0 at full data, ``inf`` with fewer than two rows).
+
+    Examples
+    --------
+    >>> delta_star_variance(4.0, 2, 3)
+    9.0
+
+    """
+    big_n = float(n_total)
+    return big_n * big_n * mean_variance(m2, n, n_total)
 
 
 class RunningMoments:
@@ -250,10 +330,11 @@ class RunningMoments:
         return self.m2 / (self.count - 1)
 
     def mean_variance(self, n_total: int) -> float:
-        """Estimated variance of the mean, with the finite-population factor."""
-        if self.count >= n_total:
-            return 0.0
-        return self.sample_variance() / self.count * finite_population_factor(self.count, n_total)
+        """Estimated variance of the mean, with the finite-population factor.
+
+        See :func:`~pymc_minibatch_mh.core.moments.mean_variance`.
+        """
+        return mean_variance(self.m2, self.count, n_total)
 
     def values(self) -> NDArray[np.float64]:
         """All values seen, in the order they were drawn."""

@@ -43,6 +43,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
+from pymc_minibatch_mh.core.logistic import barker_probabilities
+
 __all__ = [
     "LOGISTIC_D3_MAX",
     "LOGISTIC_D4_MAX",
@@ -141,7 +143,8 @@ def acceptance_probability(
     ``Σ_j w_j Φ((Δ* + y_j)/√v)`` for a Gaussian top-up, and with the regularised incomplete
     gamma functions (``scipy.special.gammaincc``, ``scipy.special.gammainc``) for a
     gamma one. Where ``s² ≥ σ²`` (all rows used, or an early decision) the test draws a
-    logistic and the probability is ``g(Δ*)`` (``scipy.special.expit``).
+    logistic and the probability is ``g(Δ*)``
+    (:func:`~pymc_minibatch_mh.core.logistic.barker_probabilities`).
 
     Parameters
     ----------
@@ -178,4 +181,4 @@ def acceptance_probability(
             shape = v / (theta * theta)
             per_atom[mask] = function(shape, np.maximum(shape - sign * x[mask] / theta, 0.0))
     result = per_atom @ weights
-    return np.where(var < sigma * sigma, result, special.expit(delta))
+    return np.where(var < sigma * sigma, result, barker_probabilities(delta))

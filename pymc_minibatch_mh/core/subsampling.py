@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pymc_minibatch_mh.core import common
-from pymc_minibatch_mh.core.barker import TestOutcome
+from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
+from pymc_minibatch_mh.core.common import TestOutcome
 from pymc_minibatch_mh.core.moments import RunningMoments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
-__all__ = ["MHSubLhdOutcome", "bernstein_bound", "mhsublhd_test"]
+__all__ = ["MHSubLhdOutcome", "bernstein_bound", "mhsublhd_error_estimate", "mhsublhd_test"]
 
 
 @dataclass(slots=True)
@@ -254,3 +255,40 @@ def mhsublhd_test(
         delta_k=delta_k,
         range_bound=c_range,
     )
+
+
+def mhsublhd_error_estimate(outcome: MHSubLhdOutcome, n_total: int) -> float:
+    """The step's estimate of the probability that its MHSubLhd test erred.
+
+    :func:`~pymc_minibatch_mh.core.acceptance_error.threshold_error_estimate` of the
+    outcome's mean and threshold ψ, with the standard deviation turned from the test's
+    ``ddof = 0`` (the empirical Bernstein bound's) into the sample one (``ddof = 1``).
+
+    Parameters
+    ----------
+    outcome : MHSubLhdOutcome
+        The test's outcome.
+    n_total : int
+        Population size N.
+
+    Returns
+    -------
+    float
+        The estimate: 0 at full data, NaN when a value is not finite or fewer than two
+        rows were used.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pymc_minibatch_mh.core.source import ArraySource
+    >>> rng = np.random.default_rng(0)
+    >>> source = ArraySource(rng.uniform(size=1000), rng=rng)
+    >>> source.start_step()
+    >>> out = mhsublhd_test(rng, source, 0.0, batch_size=100, range_bound=1.0)
+    >>> 0.0 <= mhsublhd_error_estimate(out, 1000) < 0.01
+    True
+
+    """
+    n = outcome.batch_size
+    std = outcome.std * (n / (n - 1.0)) ** 0.5 if n > 1 else math.nan  # ddof = 1
+    return threshold_error_estimate(outcome.mean, outcome.psi, std, n, n_total)

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from pymc_minibatch_mh.core.barker import GROWTH_FACTOR
 from pymc_minibatch_mh.core.moments import chunk_moments
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
@@ -96,8 +97,9 @@ class PrefetchPolicy:
         """The block size (in rounds) of least expected cost under the recorded rounds.
 
         A step that needs ``r`` rounds with a first block of ``k`` costs one call of ``k``
-        rounds when ``r ≤ k``, else about one more call that brings the rows to ``1.15 r``
-        rounds (the growth of :func:`~pymc_minibatch_mh.core.barker.growth_rows`).
+        rounds when ``r ≤ k``, else about one more call that brings the rows to
+        :data:`~pymc_minibatch_mh.core.barker.GROWTH_FACTOR` ``· r`` rounds (the growth of
+        :func:`~pymc_minibatch_mh.core.barker.growth_rows`).
         """
         counts = np.asarray(self.counts, dtype=np.float64)
         p = counts / max(1.0, counts.sum())
@@ -106,7 +108,7 @@ class PrefetchPolicy:
         # costs at once (this runs every UPDATE_EVERY steps of every chain).
         k = np.arange(1, self.max_rounds + 1, dtype=np.float64)[:, None]
         r = np.arange(counts.size, dtype=np.float64)[None, :]
-        grown = k + np.maximum(1.0, np.ceil(1.15 * r - k))
+        grown = k + np.maximum(1.0, np.ceil(GROWTH_FACTOR * r - k))
         costs = np.where(r <= k, c + k * m, 2.0 * c + grown * m)
         expected = costs @ p
         # The smallest block among those of least cost (up to rounding).

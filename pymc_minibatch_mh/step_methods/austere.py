@@ -136,10 +136,7 @@ class AustereMH(MinibatchStep):
         )
 
     def _error_estimate(self, outcome: AustereOutcome) -> float:
-        # The one-sided p-value the test stopped at (core.acceptance_error).
-        if outcome.full_data:
-            return 0.0
-        return outcome.p_value if outcome.batch_size else math.nan
+        return austere.austere_error_estimate(outcome)
 
     def _test_stat_values(self, outcome: AustereOutcome) -> dict[str, Any]:
         return {

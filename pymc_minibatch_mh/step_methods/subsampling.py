@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
-from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome, mhsublhd_test
+from pymc_minibatch_mh.core.subsampling import (
+    MHSubLhdOutcome,
+    mhsublhd_error_estimate,
+    mhsublhd_test,
+)
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
@@ -123,9 +125,7 @@ class MHSubLhd(MinibatchStep):
         )
 
     def _error_estimate(self, outcome: MHSubLhdOutcome) -> float:
-        n = outcome.batch_size
-        std = outcome.std * (n / (n - 1.0)) ** 0.5 if n > 1 else math.nan  # ddof = 1
-        return threshold_error_estimate(outcome.mean, outcome.psi, std, n, self._n_rows)
+        return mhsublhd_error_estimate(outcome, self._n_rows)
 
     def _test_stat_values(self, outcome: MHSubLhdOutcome) -> dict[str, Any]:
         return {

@@ -53,7 +53,6 @@ import math
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.special import expit
 
 from pymc_minibatch_mh.core.acceptance_error import (
     barker_accept_probability,
@@ -61,6 +60,11 @@ from pymc_minibatch_mh.core.acceptance_error import (
 )
 from pymc_minibatch_mh.core.austere import AustereOutcome
 from pymc_minibatch_mh.core.barker import BarkerOutcome, TestOutcome
+from pymc_minibatch_mh.core.exact import (
+    exact_accept_probability,
+    full_data_delta,
+    metropolis_accepts,
+)
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome
 
 __all__ = ["AUDIT_STATS", "Audit", "check_audit_every"]
@@ -180,7 +184,7 @@ class Audit:
         self._countdown = self.every
         values = estimator.full_pass()
         self.rows = values.shape[0]
-        delta = data_free + float(np.sum(values)) if math.isfinite(data_free) else data_free
+        delta = full_data_delta(values, data_free)
         if isinstance(outcome, BarkerOutcome):
             return self._barker(values, delta, outcome, correction)
         threshold = outcome.mu0 if isinstance(outcome, AustereOutcome) else None
@@ -188,8 +192,9 @@ class Audit:
             threshold = outcome.psi
         if threshold is None:
             raise TypeError(f"The audit does not know the outcome {type(outcome).__name__}.")
-        # The test's own exact rule at n = N: accept iff the mean ratio exceeds the threshold.
-        exact = bool(float(np.mean(values)) > threshold) if math.isfinite(delta) else False
+        # The exact rule the test applies at n = N: accept iff the mean ratio exceeds it.
+        mean = float(np.mean(values)) if math.isfinite(delta) else math.nan
+        exact = metropolis_accepts(delta, mean, threshold)
         return {
             "audited": True, "audit_disagree": exact != outcome.accepted,
             "audit_error": float(outcome.accepted) - float(exact), "audit_delta": delta,
@@ -204,7 +209,7 @@ class Audit:
             outcome.delta_star, outcome.variance, correction, exact=used_logistic,
             skew=outcome.skew,
         )
-        p_exact = float(expit(delta)) if math.isfinite(delta) else 0.0
+        p_exact = exact_accept_probability(delta, "barker")
         v = float(self.rng.random())  # type: ignore[union-attr]
         u = (1.0 - p_mb) + p_mb * v if outcome.accepted else (1.0 - p_mb) * v
         kappa3 = 0.0
