@@ -33,6 +33,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from pymc_minibatch_mh.core.exact import exact_accept_probability
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalState
 from pymc_minibatch_mh.proposals.gradient import SurrogateHMCProposal
 from pymc_minibatch_mh.proposals.surrogate import SurrogatePosterior
@@ -131,7 +132,7 @@ class SurrogateTransitionProposal(Proposal):
             new, info = self.inner.propose(rng, inner, self.step_size)
             lp_new = float(self.log_density(new.x))
             log_a = lp_new - lp + info.log_q_ratio
-            prob = math.exp(min(0.0, log_a)) if math.isfinite(log_a) else 0.0
+            prob = exact_accept_probability(log_a, "metropolis")  # 0 when not finite
             if self._tuning:
                 self._count += 1
                 self.log_step = robbins_monro(self.log_step, self._count, prob, self.target)
