@@ -28,7 +28,8 @@ What a proposal needs of the step is declared, never probed:
   adaptation restarts at each chain start and stops with PyMC's tuning phase (no-ops for
   a proposal that adapts nothing).
 
-A new proposal subclasses :class:`Proposal` and implements :meth:`Proposal.propose`; the
+A new proposal subclasses :class:`~pymc_minibatch_mh.proposals.base.Proposal` and implements
+:meth:`~pymc_minibatch_mh.proposals.base.Proposal.propose`; the
 guide's "Proposals" page shows one.
 """
 

@@ -93,7 +93,7 @@ class CrankNicolsonProposal(Proposal):
 
     which is ``log N(θ; θ̂, Σ) − log N(θ'; θ̂, Σ)`` (the kernel is reversible with respect
     to the surrogate; the Jacobians of the linear map cancel). ``z'`` is built from the
-    draw, and ``z`` travels in the state (:attr:`ProposalState.whitened`), so a chain
+    draw, and ``z`` travels in the state (``ProposalState.whitened``), so a chain
     step costs one matrix-vector product (a triangular solve when a state is built).
 
     The acceptance ratio ``π(θ')/π(θ) · q(θ|θ')/q(θ'|θ)`` is then

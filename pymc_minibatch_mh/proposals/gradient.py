@@ -5,16 +5,16 @@ Both precondition with the Gaussian surrogate ``N(θ̂, Σ)`` (see
 deterministic, data-free log density π̃; both report an exact log-q ratio and have the
 interface :class:`~pymc_minibatch_mh.proposals.base.Proposal`. They share one base class
 for what is the same in both: the checks of their arguments, the whitened gradient
-``Lᵀ∇log π̃`` carried in the state (:attr:`ProposalState.gradient`), the count of gradient
+``Lᵀ∇log π̃`` carried in the state (``ProposalState.gradient``), the count of gradient
 calls and the check of ``scale``. :func:`langevin_log_q_ratio` is the one home of the
 Langevin ratio (the minibatch-gradient SGLD proposal uses it too).
 
 Classes
 -------
 SurrogateLangevinProposal
-    Preconditioned MALA with the gradient of a deterministic (data-free) log density.
+    Preconditioned MALA [1]_ with the gradient of a deterministic (data-free) log density.
 SurrogateHMCProposal
-    A few leapfrog steps with mass matrix Σ⁻¹ on the same gradient.
+    A few leapfrog steps [2]_ with mass matrix Σ⁻¹ on the same gradient.
 
 References
 ----------
@@ -166,7 +166,7 @@ class SurrogateLangevinProposal(_WhitenedGradientProposal):
     noise is ``h·Lξ``. As ``d → ∞`` the optimal ``h`` shrinks like ``d^{-1/3}`` with an
     acceptance rate of about 0.574 [2]_; with the gradient of the Gaussian surrogate
     itself the drift is ``−(h²/2)(θ − θ̂)`` and the move is an over-dispersed
-    autoregression around θ̂ much like :class:`CrankNicolsonProposal`.
+    autoregression around θ̂ much like :class:`~pymc_minibatch_mh.proposals.crank_nicolson.CrankNicolsonProposal`.
 
     **log-q ratio.** With ``g = ∇log π̃(θ)``, ``g′ = ∇log π̃(θ′)`` and
     ``q(θ′|θ) = N(θ′; θ + (h²/2)Σg, h²Σ)``, the forward residual is

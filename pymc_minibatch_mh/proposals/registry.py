@@ -3,7 +3,7 @@
 ``proposal`` is one of:
 
 - ``"random_walk"``: Gaussian increments with standard deviations or covariance ``S``
-  (:class:`~pymc_minibatch_mh.proposals.base.RandomWalkProposal`); ``S="laplace"`` takes
+  (:class:`~pymc_minibatch_mh.proposals.random_walk.RandomWalkProposal`); ``S="laplace"`` takes
   the Laplace covariance of the control variates' fit. ``scale`` multiplies the increments.
 - ``"crank_nicolson"``: moves around the Laplace fit ``N(θ̂, Σ)`` of the control variates
   (:class:`~pymc_minibatch_mh.proposals.crank_nicolson.CrankNicolsonProposal`);
@@ -110,7 +110,7 @@ def make_proposal(
     Raises
     ------
     ValueError
-        For an unknown name, an object that is not a :class:`Proposal`, a surrogate
+        For an unknown name, an object that is not a :class:`~pymc_minibatch_mh.proposals.base.Proposal`, a surrogate
         proposal without control variates, ``S`` with a surrogate proposal, or no Laplace
         fit when one was asked for by name.
 

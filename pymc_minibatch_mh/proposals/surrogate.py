@@ -2,7 +2,8 @@ r"""The Gaussian surrogate ``N(θ̂, Σ)`` of the posterior, and helpers its pro
 
 The surrogate is the Laplace fit that a step with ``control_variate="taylor"`` already
 holds: θ̂ is the reference point of the Taylor expansion and Σ the inverse of the negative
-Hessian of the log posterior there. The proposals of
+Hessian of the log posterior there (a proxy of the posterior for tall data [1]_). The
+proposals of
 :mod:`pymc_minibatch_mh.proposals.crank_nicolson` (Crank-Nicolson) and
 :mod:`pymc_minibatch_mh.proposals.gradient` (MALA, HMC) precondition with it; those that
 follow the gradient of the surrogate *posterior* π̃ (the prior times the closed-form sum of
@@ -189,9 +190,9 @@ class SurrogatePosterior:
     gradient : callable
         ``x -> ∇log π̃(x)``.
     flat : TensorVariable
-        The flat-state input of :attr:`graph`.
+        The flat-state input of ``graph``.
     graph : TensorVariable
-        ``log π̃`` as a PyTensor graph of :attr:`flat` (for NUTS on π̃).
+        ``log π̃`` as a PyTensor graph of ``flat`` (for NUTS on π̃).
 
     Notes
     -----

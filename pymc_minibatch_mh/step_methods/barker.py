@@ -47,7 +47,7 @@ class MinibatchBarker(MinibatchStep):
     scaling : float, default 1.0
         Multiplies the proposal. With ``tune=True`` it is adapted during PyMC's tuning
         phase towards ``target_accept`` (see
-        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`), then fixed.
+        :class:`~pymc_minibatch_mh.proposals.tuning.ScalingTuner`), then fixed.
     tune : bool, default True
         Whether to tune ``scaling`` during the tuning phase.
     target_accept : float, default 0.25

@@ -1,6 +1,6 @@
 """Which row store a step reads: the model's in-memory rows, or the ``data=`` sources.
 
-:func:`resolve_data` matches the entries of ``data=`` to the model's per-row data
+:func:`~pymc_minibatch_mh.store.registry.resolve_data` matches the entries of ``data=`` to the model's per-row data
 variables; :func:`make_store` builds the store: a
 :class:`~pymc_minibatch_mh.store.row_store.RowStore` (in memory, ``.npy``, Zarr, Parquet,
 optionally a shuffled local copy) or, for Dask arrays, a
@@ -81,14 +81,14 @@ def make_store(
     row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None,
     shuffled_copy: bool = False,
 ) -> RowStore:
-    """The row store for the data: a :class:`RowStore`, or a Dask store for Dask arrays.
+    """The row store for the data: a :class:`~pymc_minibatch_mh.store.row_store.RowStore`, or a Dask store for Dask arrays.
 
     Parameters
     ----------
     row_vars : sequence of Variable
         The model's per-row data variables.
     data : dict, optional
-        From :func:`resolve_data`.
+        From :func:`~pymc_minibatch_mh.store.registry.resolve_data`.
     shuffled_copy : bool
         Read the ``data=`` arrays from a shuffled local copy, in blocks
         (:mod:`~pymc_minibatch_mh.store.shuffled`).

@@ -63,7 +63,7 @@ class RowStore:
         of the compiled functions' row inputs.
     data : dict, optional
         Position in ``row_vars`` → (name, array): data read instead of the model's values
-        (see :func:`resolve_data` and :mod:`~pymc_minibatch_mh.store.sources`); the
+        (see :func:`~pymc_minibatch_mh.store.registry.resolve_data` and :mod:`~pymc_minibatch_mh.store.sources`); the
         model then holds a slice of the rows, for shapes and dtypes.
     shuffled_copy : bool
         Write the ``data=`` arrays to a local copy in a uniformly random row order and read
@@ -181,7 +181,7 @@ class RowStore:
             )
 
     def check_unchanged(self, what: str = "a full pass") -> None:
-        """Raise :class:`~pymc_minibatch_mh.store.sources.DataChangedError` on a change."""
+        """Raise :class:`~pymc_minibatch_mh.errors.DataChangedError` on a change."""
         for i, (stamp, array, source, _) in self._opened.items():
             if stamp != self._stamp(source, array):
                 raise DataChangedError(

@@ -108,7 +108,7 @@ def _file_stamp(path: Path) -> tuple[Any, ...]:
 
 
 def check_missing(name: str, block: NDArray[Any], start: int) -> None:
-    """Raise :class:`DataStoreError` if a block of rows has missing values (NaN).
+    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if a block of rows has missing values (NaN).
 
     Parameters
     ----------
@@ -135,7 +135,7 @@ def check_missing(name: str, block: NDArray[Any], start: int) -> None:
 
 
 def check_disk(folder: Path, nbytes: int, what: str) -> None:
-    """Raise :class:`DataStoreError` if ``folder``'s file system lacks ``nbytes`` free."""
+    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if ``folder``'s file system lacks ``nbytes`` free."""
     free = shutil.disk_usage(folder).free
     if free < nbytes:
         raise DataStoreError(
