@@ -10,6 +10,7 @@ fixed seed.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -23,6 +24,8 @@ from pymc_minibatch_mh.core.gibbs import gibbs_t_test, logit_threshold, propose_
 from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.step_methods.gibbs import MinibatchGibbsState
+from pymc_minibatch_mh.transition.step import MinibatchStepBase
 
 FAST = dict(mode="FAST_COMPILE")
 
@@ -162,6 +165,51 @@ def test_pickle_round_trip():
     assert set(new_point) == set(model.initial_point())
     assert stats[0]["updates"] == 4 and stats[0]["batch_size"] >= 200
 
+
+
+# ------------------------------------------------------------ the shared base
+def test_on_the_shared_base_stats_state_and_progress_bar():
+    """The step's stats are the base's common ones plus its own; PyMC's hooks work."""
+    model = spike_and_slab(n=300)
+    with model:
+        gibbs = MinibatchGibbs([model["gamma"]], batch_size=50, **FAST)
+        barker = MinibatchBarker([model["beta"]], batch_size=50, S=np.full(3, 0.05), **FAST)
+    assert isinstance(gibbs, MinibatchStepBase)
+    assert set(gibbs.stats_dtypes_shapes) == (
+        set(MinibatchStepBase.common_stats) | set(MinibatchGibbs.test_stats)
+    )
+    assert gibbs._state_class is MinibatchGibbsState
+    state = vars(gibbs.sampling_state)
+    assert {"tune", "temperature"} <= set(state) and not {"tuner", "scaling"} & set(state)
+    # PyMC's progress bar asks every step of a compound for its columns and updates.
+    columns, initial = pm.CompoundStep([gibbs, barker])._progressbar_config(2)
+    assert len(columns) == 3 and set(initial) == {"mean_batch_size", "accept_rate", "scaling"}
+    assert gibbs._progressbar_config(2) == ([], {})
+    (update,) = gibbs._make_progressbar_update_functions()
+    assert update({"flips": 1}) == {"flips": 1}
+
+
+def nan_model():
+    """The likelihood is NaN at g = 0: every update of g = 1 meets a non-finite ratio."""
+    with pm.Model() as model:
+        g = pm.Bernoulli("g", 0.5)
+        pm.Normal("y", pm.math.log(g - 0.5), 1.0, observed=np.zeros(200))
+    return model
+
+
+def test_nonfinite_update_is_rejected_counted_and_warned_once_per_chain():
+    with nan_model():
+        step = MinibatchGibbs(batch_size=50, **FAST)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pm.sample(draws=20, tune=0, step=step, chains=2, cores=1,
+                              initvals={"g": 1}, **sample_kwargs())
+    ss = sample_stats(idata)
+    assert np.all(np.asarray(ss["nonfinite"])) and np.all(np.asarray(ss["flips"]) == 0)
+    assert np.all(np.asarray(posterior(idata)["g"]) == 1)
+    ours = [str(w.message) for w in caught if "NaN or infinite" in str(w.message)]
+    assert len(ours) == 2 and all("the update was rejected" in m for m in ours), ours
+    assert all(m.startswith("MinibatchGibbs: ") for m in ours)
 
 # ------------------------------------------------------------------ refusals
 def test_refuses_continuous_and_unsupported_discrete_variables():

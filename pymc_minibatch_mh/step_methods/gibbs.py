@@ -9,44 +9,33 @@ Gibbs update of a binary variable *is* a Barker flip (see :mod:`pymc_minibatch_m
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pymc.model import modelcontext
-from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
-from pymc.step_methods.state import dataclass_state
-from pymc.util import get_random_generator, get_value_vars_from_user_vars
+from pymc.util import get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
 
 from pymc_minibatch_mh.core.barker import BarkerTest, TestOutcome
-from pymc_minibatch_mh.core.buffered import BufferedGenerator
 from pymc_minibatch_mh.core.correction import CorrectionDistribution
 from pymc_minibatch_mh.core.exact import exact_test
 from pymc_minibatch_mh.core.gibbs import gibbs_t_test, propose_category
 from pymc_minibatch_mh.errors import ModelNotSupportedError
-from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
-from pymc_minibatch_mh.model.checks import check_batch_size, check_same_model
-from pymc_minibatch_mh.model.compat import ChainSetupMixin, call_cost_rows
+from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.model.discrete import category_counts
-from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.step_methods.barker import (
     MinibatchBarker,
     barker_correction,
     check_barker_settings,
 )
-from pymc_minibatch_mh.transition.step import MinibatchStep
+from pymc_minibatch_mh.transition.inner_steps import merge_stats
+from pymc_minibatch_mh.transition.step import MinibatchStepBase, MinibatchStepBaseState
 
 __all__ = ["MinibatchGibbs", "MinibatchGibbsState"]
 
-
-@dataclass_state
-class MinibatchGibbsState(StepMethodState):
-    """Resumable state: the generator (in the base class), tuning flag and temperature."""
-
-    tune: bool
-    temperature: float
+#: Resumable state: the generator, tuning flag and temperature (the base's).
+MinibatchGibbsState = MinibatchStepBaseState
 
 
 class _FullPass:
@@ -62,7 +51,7 @@ class _FullPass:
         return self.estimator.full_pass(), math.nan, math.nan
 
 
-class MinibatchGibbs(ChainSetupMixin, BlockedStep):
+class MinibatchGibbs(MinibatchStepBase):
     r"""Gibbs sampling of Bernoulli and Categorical variables with a minibatch test per update.
 
     Each step updates every coordinate of the block once, in a random (default) or
@@ -96,10 +85,11 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         Scan order of the coordinates within a step.
     temperature : float, default 1.0
         K > 0: the likelihood is raised to 1/K (the prior is not).
-    model, rng, initial_point, mode, check_start, prefetch, data, shuffled_copy
-        As for every step method of the package
-        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`); ``data=`` reads per-row
-        data larger than memory (the guide's "Data bigger than memory" page).
+    **kwargs
+        ``model``, ``rng``, ``initial_point``, ``mode``, ``check_start``, ``prefetch``,
+        ``data``, ``shuffled_copy``: as for every step method of the package
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase`); ``data=`` reads
+        per-row data larger than memory (the guide's "Data bigger than memory" page).
 
     Notes
     -----
@@ -144,24 +134,18 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
     """
 
     name = "minibatch_gibbs"
-    default_blocked = True
-    _state_class = MinibatchGibbsState
-    stats_dtypes_shapes: ClassVar[dict[str, tuple[Any, list[int]]]] = {
+    samples_discrete = True
+    move_name = "update"
+    test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
         "updates": (np.int64, []),
         "flips": (np.int64, []),
         "flip_rate": (np.float64, []),
-        "batch_size": MinibatchStep.common_stats["batch_size"],
         "rows_per_update": (np.float64, []),
         "max_batch_size": (np.int64, []),
         "full_data_updates": (np.int64, []),
-        # The rest as for the continuous steps (those of the Barker test; p_value as in
-        # MinibatchAustere).
-        **{name: MinibatchStep.common_stats[name] for name in ("growth_rounds", "accept")},
+        # Those of the Barker test; p_value as in AustereMH.
         **{name: MinibatchBarker.test_stats[name] for name in ("epsilon", "edgeworth")},
         "p_value": (np.float64, []),
-        **{name: MinibatchStep.common_stats[name] for name in (
-            "nonfinite", "extra_evaluations", "temperature", "tune", "mean_batch_size"
-        )},
     }
 
     def __init__(
@@ -177,18 +161,38 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         correction: CorrectionDistribution | None = None,
         order: Literal["random", "systematic"] = "random",
         temperature: float = 1.0,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        prefetch: int | str = "auto",
-        blocked: bool = True,
-        data: Mapping[str, Any] | None = None,
-        shuffled_copy: bool = False,
+        **kwargs: Any,
     ) -> None:
-        model = modelcontext(model)
-        self._validate(test, batch_size, epsilon, sigma, tolerance, early_decision, order)
+        self._validate(test, epsilon, sigma, tolerance, early_decision, order)
+        self.test = test
+        self.uses_minibatches = test != "exact"
+        self.epsilon = float(epsilon)
+        self.order = order
+        self.correction = barker_correction(sigma, correction)
+        self.sigma = float(sigma)
+        self.tolerance = tolerance
+        self.early_decision = early_decision
+        super().__init__(vars, batch_size=batch_size, temperature=temperature, **kwargs)
+        self._barker = BarkerTest(
+            self.batch_size, self.correction, tolerance=tolerance, early_decision=early_decision
+        )
+
+    @staticmethod
+    def _validate(
+        test: Any, epsilon: Any, sigma: Any, tolerance: Any, early_decision: Any, order: Any,
+    ) -> None:
+        if test not in ("barker", "austere", "exact"):
+            raise ValueError(f"test must be 'barker', 'austere' or 'exact', got {test!r}.")
+        if order not in ("random", "systematic"):
+            raise ValueError(f"order must be 'random' or 'systematic', got {order!r}.")
+        if not (isinstance(epsilon, int | float) and 0.0 < epsilon < 0.5):
+            raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon!r}.")
+        check_barker_settings(sigma, tolerance, early_decision)
+
+    def _sampled_vars(
+        self, model: Any, vars: Sequence[Any] | None, point: Mapping[str, Any]
+    ) -> list[Any]:
+        """The discrete variables to update (default: all), with K of each coordinate."""
         if vars is None:
             vars = [v for v in model.value_vars if v.dtype in discrete_types]
             if not vars:
@@ -197,86 +201,32 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
                     "Use MinibatchBarker (or NUTS) for continuous variables."
                 )
         value_vars = get_value_vars_from_user_vars(vars, model)
-        point = dict(initial_point) if initial_point is not None else model.initial_point()
-        step_name = type(self).__name__
         #: K of every coordinate of the flat vector.
-        self.categories = category_counts(model, value_vars, point, step_name)
-        self.likelihood = MinibatchLikelihood(
-            model, value_vars, initial_point=point, mode=mode, step_name=step_name,
-            allow_discrete=True, data=data, shuffled_copy=shuffled_copy,
-        )
-        self.vars = self.likelihood.value_vars
-        self.model = model
-        self.test = test
-        self.batch_size = int(batch_size)
-        self.epsilon = float(epsilon)
-        self.order = order
-        self.temperature = temperature
-        self.tune = True
-        self.check_start = bool(check_start)
-        self.rng = get_random_generator(rng)
-        self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
-        self.estimator = RatioEstimator(self.likelihood, self.policy)
-        self.correction = barker_correction(sigma, correction)
-        self.sigma = float(sigma)
-        self.tolerance = tolerance
-        self.early_decision = early_decision
-        self._barker = BarkerTest(
-            self.batch_size, self.correction, tolerance=tolerance, early_decision=early_decision
-        )
-        self._started = False
-        self._chain_started = False
-        self._n_rows = self.likelihood.n_rows_initial
-
-    @staticmethod
-    def _validate(
-        test: Any, batch_size: Any, epsilon: Any, sigma: Any, tolerance: Any,
-        early_decision: Any, order: Any,
-    ) -> None:
-        if test not in ("barker", "austere", "exact"):
-            raise ValueError(f"test must be 'barker', 'austere' or 'exact', got {test!r}.")
-        if order not in ("random", "systematic"):
-            raise ValueError(f"order must be 'random' or 'systematic', got {order!r}.")
-        check_batch_size(batch_size)
-        if not (isinstance(epsilon, int | float) and 0.0 < epsilon < 0.5):
-            raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon!r}.")
-        check_barker_settings(sigma, tolerance, early_decision)
-
-    temperature = MinibatchStep.temperature  # K, validated; sets 1/K for the steps
-
-    # ------------------------------------------------------------- chain hooks
-    def _start_chain(self, rng: Any) -> None:
-        self.rng = rng = BufferedGenerator(rng)
-        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
-        if self.test != "exact" and self.batch_size > self._n_rows:
-            raise ValueError(
-                f"batch_size={self.batch_size} is larger than the number of observations "
-                f"N={self._n_rows}. Use a batch_size between 1 and N."
-            )
-        self.estimator.start_chain(rng, self.batch_size)
-        self._started = True
-        self._chain_started = False
-        self._warned_nonfinite = False
-        self._chain_steps = 0
-        self._chain_rows = 0
+        self.categories = category_counts(model, value_vars, point, type(self).__name__)
+        return value_vars
 
     def reset_tuning(self) -> None:
         """Nothing to tune; the ``tune`` stat marks PyMC's tuning phase again."""
         self.tune = True
 
-    def stop_tuning(self) -> None:
-        """End of PyMC's tuning phase (nothing is tuned; recorded in the ``tune`` stat)."""
-        self.tune = False
-
-    def _begin_chain(self, point: Mapping[str, Any]) -> None:
-        if not self._started:
-            self._start_chain(self.rng)  # used outside pm.sample
-        check_same_model(self, point)
-        if self.check_start:
-            self.likelihood.check_point(point)
-        self._chain_started = True
-
     # -------------------------------------------------------------------- update
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> TestOutcome:
+        if self.test == "barker":
+            return self._barker(self.rng, estimator, data_free)
+        if self.test == "austere":
+            return gibbs_t_test(
+                self.rng, estimator, data_free, batch_size=self.batch_size,
+                epsilon=self.epsilon,
+            )
+        return exact_test(self.rng, _FullPass(estimator), data_free, test="barker")
+
+    def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
+        if self.test == "barker":
+            return {"epsilon": outcome.epsilon, "edgeworth": outcome.edgeworth}
+        if self.test == "austere":
+            return {"p_value": outcome.p_value}
+        return {}
+
     def update(self, x: np.ndarray, index: int) -> tuple[np.ndarray, TestOutcome]:
         """One update of coordinate ``index`` of the flat state ``x`` (not modified).
 
@@ -300,17 +250,9 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         x_prop = x.copy()
         x_prop[index] = propose_category(self.rng, current, int(self.categories[index]))
         estimator = self.estimator
-        rows = self.policy.rows if self.test != "exact" else 0
+        rows = self.policy.rows if self.uses_minibatches else 0
         data_free = estimator.open(x, x_prop, self._inv_temperature, 0.0, rows)
-        if self.test == "barker":
-            outcome: Any = self._barker(self.rng, estimator, data_free)
-        elif self.test == "austere":
-            outcome = gibbs_t_test(
-                self.rng, estimator, data_free, batch_size=self.batch_size,
-                epsilon=self.epsilon,
-            )
-        else:
-            outcome = exact_test(self.rng, _FullPass(estimator), data_free, test="barker")
+        outcome = self._decide(estimator, data_free)
         estimator.close(outcome.rounds)
         return (x_prop if outcome.accepted else x), outcome
 
@@ -318,72 +260,50 @@ class MinibatchGibbs(ChainSetupMixin, BlockedStep):
         d = self.categories.shape[0]
         return self.rng.permutation(d) if self.order == "random" else np.arange(d)
 
-    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _transitions(
+        self, point: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One sweep: every coordinate updated once, each with its own minibatch test."""
-        if not self._chain_started:
-            self._begin_chain(point)
         lik = self.likelihood
         if lik.other_shared:
             lik.set_others(point)
         x = lik.point_map.to_flat(point)
-        flips = rows = max_rows = full = rounds = 0
-        accept = eps = edge = 0.0
-        p_max = -math.inf
-        nonfinite = False
-        order = self._scan()
-        for index in order:
-            x_new, out = self.update(x, int(index))
-            if x_new is not x:
-                flips += 1
-                x = x_new
-            rows += out.batch_size
-            max_rows = max(max_rows, out.batch_size)
-            full += out.full_data
-            rounds += out.rounds
-            nonfinite |= out.nonfinite
-            prob = getattr(out, "accept_prob", None)
-            accept += (1.0 if out.accepted else 0.0) if prob is None else prob
-            if self.test == "barker":
-                eps += out.epsilon
-                edge += out.edgeworth
-            elif self.test == "austere":
-                p_max = max(p_max, out.p_value)
-        if nonfinite and not self._warned_nonfinite:
-            self._warned_nonfinite = True
-            warnings.warn(
-                f"{type(self).__name__}: a NaN or infinite log-likelihood ratio was met in a "
-                "minibatch; the update was rejected. Steps with this fault are counted in "
-                "the 'nonfinite' sample stat (this warning is shown once per chain).",
-                RuntimeWarning, stacklevel=2,
-            )
-        updates = len(order)
-        self._chain_steps += 1
-        self._chain_rows += rows
-        per = max(updates, 1)
+        transitions = []
+        for index in self._scan():
+            x, outcome = self.update(x, int(index))
+            transitions.append(self._outcome_stats(outcome))
+        return lik.point_map.to_point(x, point), transitions
+
+    def _draw_stats(self, transitions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The sweep's stats: the merged updates' (:func:`merge_stats`) and the sweep's own."""
+        merged = merge_stats(transitions)  # rows and rounds summed, accept averaged, ...
+        updates = len(transitions)
+        rows = merged["batch_size"]
         stats = {
             "updates": updates,
-            "flips": flips,
-            "flip_rate": flips / per,
+            "flips": int(sum(map(_ACCEPTED, transitions))),
+            "flip_rate": merged["accepted"],
             "batch_size": rows,
-            "rows_per_update": rows / per,
-            "max_batch_size": max_rows,
-            "full_data_updates": full,
-            "growth_rounds": rounds,
-            "accept": accept / per,
-            "epsilon": eps / per if self.test == "barker" else math.nan,
-            "edgeworth": edge / per if self.test == "barker" else math.nan,
-            "p_value": p_max if self.test == "austere" else math.nan,
-            "nonfinite": nonfinite,
-            "extra_evaluations": 0,
-            "temperature": self._temperature,
-            "tune": self.tune,
-            "mean_batch_size": self._chain_rows / self._chain_steps,
+            "rows_per_update": rows / updates,
+            "max_batch_size": max(map(_BATCH_SIZE, transitions)),
+            "full_data_updates": sum(map(_FULL_DATA, transitions)),
+            "growth_rounds": merged["growth_rounds"],
+            "accept": merged["accept"],
+            "epsilon": math.nan,
+            "edgeworth": math.nan,
+            "p_value": math.nan,
+            "nonfinite": merged["nonfinite"],
+            "extra_evaluations": merged["extra_evaluations"],
         }
-        return lik.point_map.to_point(x, point), [stats]
+        if self.test == "barker":
+            stats["epsilon"] = sum(map(_EPSILON, transitions)) / updates
+            stats["edgeworth"] = sum(map(_EDGEWORTH, transitions)) / updates
+        elif self.test == "austere":
+            stats["p_value"] = max(map(_P_VALUE, transitions))
+        return self._add_chain_stats(stats)
 
-    @staticmethod
-    def competence(var: Any, has_grad: bool) -> Competence:
-        """Never chosen automatically: a minibatch test is an explicit choice."""
-        if var.dtype in discrete_types:
-            return Competence.COMPATIBLE
-        return Competence.INCOMPATIBLE
+
+# The per-update stats the sweep's own stats reduce (C-level getters: a sweep's hot path).
+_ACCEPTED, _BATCH_SIZE, _FULL_DATA, _EPSILON, _EDGEWORTH, _P_VALUE = map(
+    itemgetter, ("accepted", "batch_size", "full_data", "epsilon", "edgeworth", "p_value")
+)

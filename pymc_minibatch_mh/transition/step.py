@@ -1,7 +1,18 @@
-r"""The shared PyMC step method of all minibatch acceptance tests: one transition.
+r"""The shared PyMC step methods of all minibatch acceptance tests.
 
-Every step method runs the same transition (``MinibatchStep._transition``; a draw,
-:meth:`MinibatchStep.step`, is ``steps_per_draw`` of them), a composition of four parts:
+:class:`MinibatchStepBase` is the base of every step method of the package. It holds what
+they all share: the constructor's wiring (the compiled likelihood, the prefetch policy,
+the Δ\* estimator, the generator and the checks of the settings), the temperature, the
+chain's start and its checks, the warning for a non-finite ratio, the rule of the
+``accept`` stat, the common stats and their declaration, the draw as a sequence of
+transitions whose stats :func:`~pymc_minibatch_mh.transition.inner_steps.merge_stats`
+merges, and PyMC's hooks. A subclass supplies the transitions of a draw
+(``_transitions``), the acceptance test (``_decide``) and its own stats.
+
+:class:`MinibatchStep` adds what the Metropolis-Hastings steps share: the proposal, the
+scale tuner, the surrogate start point, the audit and the temperature schedule. It runs
+one transition (``MinibatchStep._transition``; a draw is ``steps_per_draw`` of them), a
+composition of four parts:
 
 1. map the point to the flat state θ (:class:`~pymc_minibatch_mh.model.pointmap.PointMap`);
 2. **propose** ``(state′, info)`` from the proposal's state at θ
@@ -12,8 +23,10 @@ Every step method runs the same transition (``MinibatchStep._transition``; a dra
 4. run the **acceptance test** on the estimator (a core test; the subclass's ``_decide``),
    update the **tuner**, and return the outcome's stats plus the common ones.
 
-A subclass supplies ``_decide(estimator, data_free)`` and the declaration and extraction
-of its own stats.
+A subclass of :class:`MinibatchStep` supplies ``_decide(estimator, data_free)`` and the
+declaration and extraction of its own stats;
+:class:`~pymc_minibatch_mh.step_methods.gibbs.MinibatchGibbs` is the other subclass of
+:class:`MinibatchStepBase` (a coordinate update per transition, a scan per draw).
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import math
 import time
 import warnings
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,7 +44,7 @@ from pymc.model import modelcontext
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
-from pymc.vartypes import continuous_types
+from pymc.vartypes import continuous_types, discrete_types
 
 from pymc_minibatch_mh.core.barker import TestOutcome
 from pymc_minibatch_mh.core.buffered import BufferedGenerator
@@ -59,21 +72,27 @@ from pymc_minibatch_mh.transition.progress_bar import (
 )
 from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 
-__all__ = ["MinibatchStep", "MinibatchStepState",]
+__all__ = ["MinibatchStep", "MinibatchStepBase", "MinibatchStepBaseState", "MinibatchStepState"]
 
 
 @dataclass_state
-class MinibatchStepState(StepMethodState):
-    """Resumable state: generator, proposal scale and tuning, temperature.
+class MinibatchStepBaseState(StepMethodState):
+    """Resumable state of every step method: generator, tuning flag, temperature.
 
     The row store's permutation is not part of it (it is O(N)); a resumed chain draws
     its rows afresh, which changes no distribution.
     """
 
-    tuner: ScalingTuner
-    scaling: float
     tune: bool
     temperature: float
+
+
+@dataclass_state
+class MinibatchStepState(MinibatchStepBaseState):
+    """Resumable state of the Metropolis-Hastings steps: the base's, proposal scale, tuning."""
+
+    tuner: ScalingTuner
+    scaling: float
 
 
 #: Default ``target_accept`` of the random walk (Barker's test accepts less often than
@@ -84,31 +103,25 @@ RANDOM_WALK_TARGET_ACCEPT = 0.25
 SURROGATE_TARGET_ACCEPT = 0.4
 
 
-class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
-    """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
+def _all_stats(step_stats: dict[str, Any]) -> dict[str, Any]:
+    return step_stats
+
+
+class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
+    """Base class of every minibatch step method (not used directly).
+
+    A draw (:meth:`step`) is a sequence of transitions, each deciding one move with an
+    acceptance test on the Δ* estimator; a subclass supplies them (``_transitions``), the
+    test (``_decide``) and the test's own stats (``test_stats``, ``_test_stat_values``).
 
     Parameters
     ----------
     vars : list of Variable, optional
-        Continuous variables to sample, as one block. Default: all free variables.
+        Variables to sample, as one block. Default: the subclass's (``_sampled_vars``).
     batch_size : int
         Rows drawn per round (the first minibatch has this size too).
-    temperature : float or TemperatureSchedule
-        K > 0: the likelihood is raised to 1/K; the prior is not. A
-        :class:`~pymc_minibatch_mh.transition.schedule.TemperatureSchedule` changes K (and
-        multiplies the proposal scale) at given iterations of each chain.
-    S : array_like or "laplace", optional
-        Proposal standard deviations (vector) or covariance (matrix) on the flattened,
-        transformed space, as in ``pm.Metropolis``. Default: ones. ``"laplace"`` (with
-        ``control_variate``): the Laplace covariance at θ̂ at the initial temperature;
-        use it with ``scaling`` about ``2.38/√d``.
-    scaling : float
-        Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
-    tune : bool
-        Tune ``scaling`` towards ``target_accept`` during tuning (see
-        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
-    target_accept : float
-        Target acceptance probability for tuning.
+    temperature : float
+        K > 0: the likelihood is raised to 1/K; the prior is not.
     model : pymc.Model, optional
         Default: the model in context.
     rng : RandomGenerator, optional
@@ -125,12 +138,312 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         Rounds of rows evaluated per compiled call (see
         :mod:`~pymc_minibatch_mh.estimators.ratio`); changes the cost and which random rows
         are drawn, not their law.
+    blocked : bool
+        Ignored (the variables are always one block); PyMC passes it.
+    data : dict, optional
+        Per-row data larger than memory, ``{name: array}`` with names of the model's
+        ``pm.Data`` (or observed) variables and arrays that are ``.npy`` paths or memmaps,
+        Zarr arrays, :class:`~pymc_minibatch_mh.store.sources.ParquetColumn` or Dask
+        arrays. The model is built on a small in-memory slice of the rows (for shapes and
+        dtypes); every per-row array must be given. See the guide's "Data bigger than
+        memory" page.
+    shuffled_copy : bool
+        With ``data=``: read a step's rows in blocks of a shuffled local copy, written at
+        set-up (:mod:`~pymc_minibatch_mh.store.shuffled`; pays off on long runs).
+
+    """
+
+    name: ClassVar[str] = "minibatch"
+    default_blocked = True
+    state_class = MinibatchStepBaseState
+
+    #: Whether the step samples discrete variables (else continuous ones).
+    samples_discrete: ClassVar[bool] = False
+    #: Whether the test grows minibatches of ``batch_size`` rows (False: full passes only;
+    #: a class attribute, or an instance one where a setting decides).
+    uses_minibatches: bool = True
+    #: What a rejected move is called in the warning for a non-finite ratio.
+    move_name: ClassVar[str] = "proposal"
+
+    #: Stats every minibatch step reports; dtypes match PyMC's samplers where names clash.
+    common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
+        "accept": (np.float64, []),
+        "batch_size": (np.int64, []),
+        "growth_rounds": (np.int64, []),
+        "nonfinite": (bool, []),
+        "extra_evaluations": (np.int64, []),
+        "temperature": (np.float64, []),
+        "tune": (bool, []),
+        "mean_batch_size": (np.float64, []),
+    }
+    #: Stats specific to the test, declared by subclasses.
+    test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.stats_dtypes_shapes = {**cls.common_stats, **cls.test_stats}
+
+    def __init__(
+        self,
+        vars: Sequence[Any] | None = None,
+        *,
+        batch_size: int = 100,
+        temperature: float = 1.0,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: Any = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
+    ) -> None:
+        step_name = type(self).__name__
+        with setup_progress(step_name):
+            started = time.perf_counter()
+            model = modelcontext(model)
+            self._validate_settings(batch_size=batch_size, temperature=temperature)
+            self.batch_size = int(batch_size)
+            point = dict(initial_point) if initial_point is not None else model.initial_point()
+            vars = self._sampled_vars(model, vars, point)
+            note("compiling the per-row likelihood")
+            self.likelihood = MinibatchLikelihood(
+                model, vars, initial_point=point, mode=mode, step_name=step_name,
+                allow_discrete=self.samples_discrete, data=data, shuffled_copy=shuffled_copy,
+            )
+            self.vars = self.likelihood.value_vars
+            self.model = model
+            self.tune = True  # PyMC's tuning phase (its end: stop_tuning)
+            self._tune_enabled = True
+            self.temperature = float(temperature)
+            self.check_start = bool(check_start)
+            self.rng = get_random_generator(rng)
+            self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
+            #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
+            note("the Δ* estimator")
+            self.estimator: RatioEstimator = self._make_estimator()
+            #: The estimator when it has control variates, else None.
+            self.control_variate: TaylorEstimator | None = (
+                self.estimator if isinstance(self.estimator, TaylorEstimator) else None
+            )
+            self._setup_transitions()
+            self._declare_stats()
+            #: Wall-clock seconds the step took to build (checks, compilation, and with
+            #: control variates the MAP search and full-data passes).
+            self.setup_seconds = time.perf_counter() - started
+            #: Full passes over the data made while building (with control variates: the MAP
+            #: search and the pass at θ̂; the validation of the split uses a few rows only).
+            self.setup_passes = (
+                getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
+            )
+            self._tuning = True
+            self._started = False
+            self._n_rows = self.likelihood.n_rows_initial
+            self._warned_nonfinite = False
+            self._chain_started = False
+
+    def _sampled_vars(
+        self, model: Any, vars: Sequence[Any] | None, point: Mapping[str, Any]
+    ) -> Sequence[Any]:
+        """The variables to sample (a subclass chooses its default and checks them early)."""
+        return model.value_vars if vars is None else vars
+
+    def _make_estimator(self) -> RatioEstimator:
+        """The Δ* estimator (a hook; default: the plain ratios)."""
+        return make_estimator(None, self.likelihood, self.policy)
+
+    def _setup_transitions(self) -> None:
+        """Build what the subclass's transitions need besides the estimator (a hook)."""
+
+    def _declare_stats(self, unused: Iterable[str] = ()) -> None:
+        """Declare only the stats this step reports (each costs time on every draw).
+
+        ``unused`` and the subclass's :meth:`_unused_stats` are left out.
+        """
+        unused = {*unused, *self._unused_stats()}
+        shapes = {k: v for k, v in type(self).stats_dtypes_shapes.items() if k not in unused}
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{name: dtype for name, (dtype, _) in shapes.items()}]
+
+    def _unused_stats(self) -> Sequence[str]:
+        """Test-specific stats (``test_stats``) this step's settings leave constant."""
+        return ()
+
+    # ----------------------------------------------------------------- settings
+    def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
+        check_batch_size(batch_size)
+        check_temperature(temperature)
+
+    @property
+    def temperature(self) -> float:
+        """K: the likelihood is raised to ``1/K``."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        check_temperature(value)
+        self._temperature = float(value)
+        self._inv_temperature = np.array(1.0 / self._temperature)
+
+    # ------------------------------------------------------------- chain hooks
+    def _start_chain(self, rng: Any) -> None:
+        # Every draw of the chain comes from this generator's state, single values in
+        # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
+        self.rng = rng = BufferedGenerator(rng)
+        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
+        if self.uses_minibatches and self.batch_size > self._n_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than the number of observations "
+                f"N={self._n_rows}. Use a batch_size between 1 and N."
+            )
+        self.estimator.start_chain(rng, self.batch_size)
+        self._started = True
+        self._tuning = True
+        self._chain_started = False
+        self._warned_nonfinite = False
+        self._chain_steps = 0
+        self._chain_batch_total = 0
+
+    def stop_tuning(self) -> None:
+        """End of PyMC's tuning phase (recorded in the ``tune`` stat)."""
+        self.tune = False
+        self._tuning = False
+
+    def _begin_chain(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The chain's first step: checks of the point (and a start outside pm.sample)."""
+        if not self._started:
+            self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
+        check_same_model(self, point)
+        point = self._start_point(point)
+        if self.check_start:
+            self.likelihood.check_point(point)
+        self._chain_started = True
+        return point
+
+    def _start_point(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The point the chain starts from, given PyMC's (a hook; default: PyMC's)."""
+        return point
+
+    # --------------------------------------------------------------------- step
+    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One draw: the subclass's transitions, their stats merged."""
+        if not self._chain_started:
+            point = self._begin_chain(point)
+        point, transitions = self._transitions(point)
+        return point, [self._draw_stats(transitions)]
+
+    @abstractmethod
+    def _transitions(
+        self, point: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A draw's transitions from ``point``: the new point and each transition's stats."""
+
+    def _draw_stats(self, transitions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """A draw's stats from its transitions' (:func:`merge_stats`)."""
+        return merge_stats(transitions)
+
+    @abstractmethod
+    def _decide(self, estimator: RatioEstimator, data_free: float) -> TestOutcome:
+        """Run the acceptance test on the opened estimator."""
+
+    def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
+        """The test-specific stats of one outcome (see ``test_stats``)."""
+        return {}
+
+    def _outcome_stats(self, outcome: TestOutcome, extra: int = 0) -> dict[str, Any]:
+        """The stats of one transition's test: the common ones and the test's own.
+
+        ``accept`` is g(Δ*) for the Barker tests, the decision itself for the others;
+        ``extra`` counts rows evaluated besides the test's (a re-centring, an audit). The
+        first non-finite ratio of a chain is reported with a warning.
+        """
+        if outcome.nonfinite and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            warnings.warn(
+                f"{type(self).__name__}: a NaN or infinite log-likelihood ratio was met in a "
+                f"minibatch; the {self.move_name} was rejected. Steps with this fault are "
+                "counted in the 'nonfinite' sample stat (this warning is shown once per "
+                "chain).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        accepted = outcome.accepted
+        accept = getattr(outcome, "accept_prob", None)
+        if accept is None:
+            accept = 1.0 if accepted else 0.0
+        return {
+            "accepted": 1.0 if accepted else 0.0,
+            "accept": accept,
+            "batch_size": outcome.batch_size,
+            "growth_rounds": outcome.rounds,
+            "full_data": outcome.full_data,
+            "nonfinite": outcome.nonfinite,
+            "extra_evaluations": outcome.extra_evaluations + extra,
+            **self._test_stat_values(outcome),
+        }
+
+    def _add_chain_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Count one step of ``stats["batch_size"]`` rows; add the chain's common stats."""
+        steps = self._chain_steps = self._chain_steps + 1
+        self._chain_batch_total += stats["batch_size"]
+        stats["temperature"] = self._temperature
+        stats["tune"] = self.tune
+        stats["mean_batch_size"] = self._chain_batch_total / steps
+        return stats
+
+    # --------------------------------------------------------- progress bar
+    def progress_bar_columns(self, n_chains: int) -> tuple[list[Any], dict[str, list[Any]]]:
+        """No columns of its own (PyMC's default); a subclass adds some."""
+        return [], {}
+
+    def progress_bar_updates(self) -> tuple[Any, ...]:
+        """PyMC's default: the stats are passed on as they are."""
+        return (_all_stats,)
+
+    @classmethod
+    def competence(cls, var: Any, has_grad: bool) -> Competence:
+        """Never chosen automatically: a minibatch test is an explicit choice."""
+        types = discrete_types if cls.samples_discrete else continuous_types
+        if var.dtype in types:
+            return Competence.COMPATIBLE
+        return Competence.INCOMPATIBLE
+
+
+class MinibatchStep(MinibatchStepBase):
+    """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
+
+    Adds to :class:`MinibatchStepBase` the proposal, its scale tuner, the surrogate start
+    point, the audit and the temperature schedule; a draw is ``steps_per_draw``
+    transitions (:meth:`_transition`).
+
+    Parameters
+    ----------
+    vars : list of Variable, optional
+        Continuous variables to sample, as one block. Default: all free variables.
+    temperature : float or TemperatureSchedule
+        K > 0: the likelihood is raised to 1/K; the prior is not. A
+        :class:`~pymc_minibatch_mh.transition.schedule.TemperatureSchedule` changes K (and
+        multiplies the proposal scale) at given iterations of each chain.
+    S : array_like or "laplace", optional
+        Proposal standard deviations (vector) or covariance (matrix) on the flattened,
+        transformed space, as in ``pm.Metropolis``. Default: ones. ``"laplace"`` (with
+        ``control_variate``): the Laplace covariance at θ̂ at the initial temperature;
+        use it with ``scaling`` about ``2.38/√d``.
+    scaling : float
+        Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
+    tune : bool
+        Tune ``scaling`` towards ``target_accept`` during tuning (see
+        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
+    target_accept : float
+        Target acceptance probability for tuning.
     control_variate : {None, "taylor"}
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
         minibatch estimate of the residuals), see
         :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` and the
         guide's "Control variates" page. Default None: the plain estimate.
+        Only where ``supports_control_variate`` (not ``ExactMH``).
     reference : dict, optional
         θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
         step is built. Only with ``control_variate``.
@@ -148,45 +461,28 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         Every this many steps, also decide the proposal on the full data, coupled to the
         minibatch decision (:mod:`~pymc_minibatch_mh.transition.audit`; the pass is counted
         in ``extra_evaluations``; the chain's draws are the same). Default: never.
-    data : dict, optional
-        Per-row data larger than memory, ``{name: array}`` with names of the model's
-        ``pm.Data`` (or observed) variables and arrays that are ``.npy`` paths or memmaps,
-        Zarr arrays, :class:`~pymc_minibatch_mh.store.sources.ParquetColumn` or Dask
-        arrays. The model is built on a small in-memory slice of the rows (for shapes and
-        dtypes); every per-row array must be given. See the guide's "Data bigger than
-        memory" page.
-    shuffled_copy : bool
-        With ``data=``: read a step's rows in blocks of a shuffled local copy, written at
-        set-up (:mod:`~pymc_minibatch_mh.store.shuffled`; pays off on long runs).
     steps_per_draw : int or "auto"
         Transitions per draw (:mod:`~pymc_minibatch_mh.transition.inner_steps`, which says how
         a draw's stats combine them). ``"auto"``: 9 with NUTS on the surrogate, 3 with
         another surrogate proposal, else 1.
+    **kwargs
+        ``batch_size``, ``model``, ``rng``, ``initial_point``, ``mode``, ``check_start``,
+        ``prefetch``, ``data``, ``shuffled_copy``: as for every step method
+        (:class:`MinibatchStepBase`).
 
     """
 
     name: ClassVar[str] = "minibatch"
-    default_blocked = True
     state_class = MinibatchStepState
-
     #: Whether ``control_variate=`` applies to this step method.
     supports_control_variate: ClassVar[bool] = True
-    #: Whether the test grows minibatches of ``batch_size`` rows (False: full passes only).
-    uses_minibatches: ClassVar[bool] = True
 
-    #: Stats shared by every minibatch step; dtypes match PyMC's samplers where names clash.
+    #: Stats shared by every Metropolis-Hastings step (those of every step among them).
     common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
         "accepted": (np.float64, []),
-        "accept": (np.float64, []),
-        "batch_size": (np.int64, []),
-        "growth_rounds": (np.int64, []),
+        **MinibatchStepBase.common_stats,
         "full_data": (bool, []),
-        "nonfinite": (bool, []),
-        "extra_evaluations": (np.int64, []),
         **ScalingTuner.stats_dtypes_shapes,
-        "temperature": (np.float64, []),
-        "tune": (bool, []),
-        "mean_batch_size": (np.float64, []),
         "accept_rate": (np.float64, []),
         "recentered": (bool, []),
         # Which proposal ran (adapter.proposal_choice.PROPOSAL_CODES) and its parameters.
@@ -195,110 +491,80 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         "step_size": (np.float64, []),
         **AUDIT_STATS,  # error_estimate and the audit's stats
     }
-    #: Stats specific to the test, declared by subclasses.
-    test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.stats_dtypes_shapes = {**MinibatchStep.common_stats, **cls.test_stats}
 
     def __init__(
         self,
         vars: Sequence[Any] | None = None,
         *,
-        batch_size: int = 100,
         temperature: float | TemperatureSchedule = 1.0,
         S: ArrayLike | None = None,
         scaling: float = 1.0,
         tune: bool = True,
         target_accept: float | None = None,
-        model: Any = None,
-        rng: Any = None,
-        initial_point: Mapping[str, Any] | None = None,
-        mode: Any = None,
-        check_start: bool = True,
-        prefetch: int | str = "auto",
-        blocked: bool = True,
         control_variate: str | None = None,
         reference: Mapping[str, Any] | None = None,
         recenter: float | None = None,
         proposal: Any = None,
         audit_every: int | None = None,
-        data: Mapping[str, Any] | None = None,
-        shuffled_copy: bool = False,
         steps_per_draw: int | str = "auto",
+        **kwargs: Any,
     ) -> None:
-        with setup_progress(type(self).__name__):
-            started = time.perf_counter()
-            model = modelcontext(model)
-            if vars is None:
-                vars = model.value_vars
-            self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
-            if self.schedule is not None:
-                temperature = self.schedule(0)[0]
-            self._validate_settings(batch_size=batch_size, temperature=temperature)
-            self.audit = Audit(check_audit_every(audit_every, type(self).__name__,
-                                                 self.uses_minibatches))
-            self.batch_size = int(batch_size)
-            note("compiling the per-row likelihood")
-            self.likelihood = MinibatchLikelihood(
-                model, vars, initial_point=initial_point, mode=mode,
-                step_name=type(self).__name__, data=data, shuffled_copy=shuffled_copy,
+        self.schedule = temperature if isinstance(temperature, TemperatureSchedule) else None
+        if self.schedule is not None:
+            temperature = self.schedule(0)[0]
+        # Read by the hooks that the base's set-up calls (_validate_settings,
+        # _make_estimator, _setup_transitions).
+        self._transition_settings = dict(
+            S=S, scaling=scaling, tune=tune, target_accept=target_accept,
+            control_variate=control_variate, reference=reference, recenter=recenter,
+            proposal=proposal, audit_every=audit_every, steps_per_draw=steps_per_draw,
+        )
+        super().__init__(vars, temperature=temperature, **kwargs)
+        del self._transition_settings
+
+    def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
+        super()._validate_settings(batch_size=batch_size, temperature=temperature)
+        self.audit = Audit(check_audit_every(
+            self._transition_settings["audit_every"], type(self).__name__,
+            self.uses_minibatches,
+        ))
+
+    def _make_estimator(self) -> RatioEstimator:
+        """The plain ratios, or Taylor residuals with ``control_variate``."""
+        settings = self._transition_settings
+        return make_estimator(
+            settings["control_variate"], self.likelihood, self.policy,
+            reference=settings["reference"], recenter=settings["recenter"],
+            step_name=type(self).__name__, supported=self.supports_control_variate,
+        )
+
+    def _setup_transitions(self) -> None:
+        """The tuning flag, the proposal, its scale tuner and the transitions per draw."""
+        settings = self._transition_settings
+        self.tune = self._tune_enabled = bool(settings["tune"])
+        scaling = float(settings["scaling"])
+        self.scaling = scaling
+        self._posterior: SurrogatePosterior | None = None
+        self.proposal: Proposal = make_proposal(
+            settings["proposal"], settings["S"], dim=self.likelihood.point_map.size,
+            control_variate=self.control_variate, posterior=self.surrogate_posterior,
+            step=self,
+        )
+        surrogate = self.proposal.surrogate is not None
+        if surrogate and self.schedule is not None:
+            raise ValueError(
+                f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
+                "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
             )
-            self.vars = self.likelihood.value_vars
-            self.model = model
-            self.scaling = float(scaling)
-            self.tune = bool(tune)
-            self._tune_enabled = bool(tune)
-            self.temperature = float(temperature)
-            self.check_start = bool(check_start)
-            self.rng = get_random_generator(rng)
-            self.policy = PrefetchPolicy(prefetch, call_cost_rows(self.likelihood.mode))
-            #: The Δ* estimator (plain ratios, or Taylor residuals with ``control_variate``).
-            note("the Δ* estimator")
-            self.estimator: RatioEstimator = make_estimator(
-                control_variate, self.likelihood, self.policy, reference=reference,
-                recenter=recenter, step_name=type(self).__name__,
-                supported=self.supports_control_variate,
-            )
-            #: The estimator when it has control variates, else None.
-            self.control_variate: TaylorEstimator | None = (
-                self.estimator if isinstance(self.estimator, TaylorEstimator) else None
-            )
-            self._posterior: SurrogatePosterior | None = None
-            self.proposal: Proposal = make_proposal(
-                proposal, S, dim=self.likelihood.point_map.size,
-                control_variate=self.control_variate, posterior=self.surrogate_posterior,
-                step=self,
-            )
-            surrogate = self.proposal.surrogate is not None
-            if surrogate and self.schedule is not None:
-                raise ValueError(
-                    f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
-                    "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
-                )
-            self.steps_per_draw = resolve_steps_per_draw(steps_per_draw, self.proposal)
-            if target_accept is None:
-                target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
-            self.tuner = ScalingTuner(float(scaling), target=target_accept,
-                                      maximum=self.proposal.max_scale)
-            self.scaling = self.tuner.scaling
-            self._declare_stats()
-            #: Wall-clock seconds the step took to build (checks, compilation, and with
-            #: control variates the MAP search and full-data passes).
-            self.setup_seconds = time.perf_counter() - started
-            #: Full passes over the data made while building (with control variates: the MAP
-            #: search and the pass at θ̂; the validation of the split uses a few rows only).
-            self.setup_passes = (
-                getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
-            )
-            self._tuning = True
-            self._started = False
-            self._n_rows = self.likelihood.n_rows_initial
-            self._warned_nonfinite = False
-            self._chain_started = False
-            #: The proposal's state at the current point (None: to be built).
-            self._proposal_state: ProposalState | None = None
+        self.steps_per_draw = resolve_steps_per_draw(settings["steps_per_draw"], self.proposal)
+        target_accept = settings["target_accept"]
+        if target_accept is None:
+            target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
+        self.tuner = ScalingTuner(scaling, target=target_accept,
+                                  maximum=self.proposal.max_scale)
+        self.scaling = self.tuner.scaling
+        #: The proposal's state at the current point (None: to be built).
+        self._proposal_state: ProposalState | None = None
 
     def surrogate_posterior(self) -> SurrogatePosterior:
         """The data-free surrogate posterior π̃ of the control variates (built on first use).
@@ -335,7 +601,7 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
             )
         return self._posterior
 
-    def _declare_stats(self) -> None:
+    def _declare_stats(self, unused: Iterable[str] = ()) -> None:
         """Declare only the stats this step reports (each costs time on every draw).
 
         The audit's stats need ``audit_every``; the proposal's code, ρ and step size a
@@ -343,59 +609,22 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         scale; subclasses drop more in :meth:`_unused_stats`.
         """
         self._proposal_stats = self.proposal.reports_parameters
-        unused = set(self._unused_stats())
+        unused = set(unused)
         if self.audit.every is None:
             unused |= Audit.NOT_AUDITED.keys()
         if not self._proposal_stats:
             unused |= {"proposal", "rho", "step_size"}
         if not self.proposal.uses_scale:
             unused.add("scaling")
-        shapes = {k: v for k, v in type(self).stats_dtypes_shapes.items() if k not in unused}
-        self.stats_dtypes_shapes = shapes
-        self.stats_dtypes = [{name: dtype for name, (dtype, _) in shapes.items()}]
-
-    def _unused_stats(self) -> Sequence[str]:
-        """Test-specific stats (``test_stats``) this step's settings leave constant."""
-        return ()
-
-    # ----------------------------------------------------------------- settings
-    def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
-        check_batch_size(batch_size)
-        check_temperature(temperature)
-
-    @property
-    def temperature(self) -> float:
-        """K: the likelihood is raised to ``1/K``."""
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        check_temperature(value)
-        self._temperature = float(value)
-        self._inv_temperature = np.array(1.0 / self._temperature)
+        super()._declare_stats(unused)
 
     # ------------------------------------------------------------- chain hooks
     def _start_chain(self, rng: Any) -> None:
-        # Every draw of the chain comes from this generator's state, single values in
-        # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
         self.proposal.start_chain(rng)  # restarts its adaptation; spawns its own generators
-        self.rng = rng = BufferedGenerator(rng)
-        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
-        if self.uses_minibatches and self.batch_size > self._n_rows:
-            raise ValueError(
-                f"batch_size={self.batch_size} is larger than the number of observations "
-                f"N={self._n_rows}. Use a batch_size between 1 and N."
-            )
-        self.estimator.start_chain(rng, self.batch_size)
+        super()._start_chain(rng)
         self.proposal.set_tuning(self._tune_enabled)  # a proposal that adapts itself
         self._proposal_state = None
-        self._started = True
-        self._tuning = True
-        self._chain_started = False
-        self._warned_nonfinite = False
-        self._chain_steps = 0
-        self._chain_batch_total = 0
         self._chain_accepted = 0
         self._step_factor = 1.0
         self._next_change: int | None = None
@@ -410,48 +639,32 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
 
     def stop_tuning(self) -> None:
         """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on."""
-        self.tune = False
-        self._tuning = False
+        super().stop_tuning()
         self.proposal.set_tuning(False)
 
+    def _start_point(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
+        """With tuning, the proposal's start point; else PyMC's.
+
+        :meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point` is a draw of the
+        Laplace fit for a surrogate proposal and None (PyMC's start) for the random walk:
+        tuning draws are discarded.
+        """
+        if self._tuning and self._tune_enabled:
+            draw = self.proposal.start_point(self.rng)
+            if draw is not None:
+                return self.likelihood.point_map.to_point(draw, point)
+        return point
+
     # --------------------------------------------------------------------- step
-    @abstractmethod
-    def _decide(self, estimator: RatioEstimator, data_free: float) -> TestOutcome:
-        """Run the acceptance test on the opened estimator."""
-
-    def _test_stat_values(self, outcome: Any) -> dict[str, Any]:
-        """The test-specific stats of one outcome (see ``test_stats``)."""
-        return {}
-
     def _error_estimate(self, outcome: Any) -> float:
         """The ``error_estimate`` stat of one outcome (NaN: the test gives none)."""
         return math.nan
 
-    def _begin_chain(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The chain's first step: checks of the point (and a start outside pm.sample).
-
-        With tuning, the chain starts from the proposal's
-        :meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point` (a draw of the
-        Laplace fit for a surrogate proposal; PyMC's start for the random walk): tuning
-        draws are discarded.
-        """
-        if not self._started:
-            self._start_chain(self.rng)  # used outside pm.sample (no chain hook was called)
-        check_same_model(self, point)
-        if self._tuning and self._tune_enabled:
-            draw = self.proposal.start_point(self.rng)
-            if draw is not None:
-                point = self.likelihood.point_map.to_point(draw, point)
-        if self.check_start:
-            self.likelihood.check_point(point)
-        self._chain_started = True
-        return point
-
-    def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One draw: ``steps_per_draw`` transitions, their stats merged."""
-        if not self._chain_started:
-            point = self._begin_chain(point)
-        elif self.likelihood.other_shared:
+    def _transitions(
+        self, point: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """``steps_per_draw`` transitions (:meth:`_transition`)."""
+        if self.likelihood.other_shared:
             # Other steps of a compound step may have moved the variables the surrogate's
             # prior reads: its value and gradient at the point are recomputed.
             self._proposal_state = None
@@ -459,7 +672,7 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         for _ in range(self.steps_per_draw):
             point, (stats,) = self._transition(point)
             transitions.append(stats)
-        return point, [merge_stats(transitions)]
+        return point, transitions
 
     def _transition(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One transition: map the point, propose, open the estimator, test, tune."""
@@ -507,49 +720,22 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, extra: int,
         audit: Mapping[str, Any],
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The second half of :meth:`step`: the new point, the common stats, the tuning.
+        """The second half of :meth:`_transition`: the new point, the stats, the tuning.
 
         ``extra`` counts the rows of a re-centring and of the audit (``audit``, its stats).
         """
-        lik = self.likelihood
-        if outcome.nonfinite and not self._warned_nonfinite:
-            self._warned_nonfinite = True
-            warnings.warn(
-                f"{type(self).__name__}: a NaN or infinite log-likelihood ratio was met in a "
-                "minibatch; the proposal was rejected. Steps with this fault are counted in "
-                "the 'nonfinite' sample stat (this warning is shown once per chain).",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        stats = self._outcome_stats(outcome, extra)
         accepted = outcome.accepted
-        new_point = lik.point_map.to_point(x_prop, point) if accepted else point
-        steps = self._chain_steps = self._chain_steps + 1
-        self._chain_batch_total += outcome.batch_size
+        new_point = self.likelihood.point_map.to_point(x_prop, point) if accepted else point
         if accepted:
             self._chain_accepted += 1
-        # g(Δ*) for the Barker tests; the decision itself for the others.
-        accept = getattr(outcome, "accept_prob", None)
-        if accept is None:
-            accept = 1.0 if accepted else 0.0
-        stats = {
-            "accepted": 1.0 if accepted else 0.0,
-            "accept": accept,
-            "batch_size": outcome.batch_size,
-            "growth_rounds": outcome.rounds,
-            "full_data": outcome.full_data,
-            "nonfinite": outcome.nonfinite,
-            "extra_evaluations": outcome.extra_evaluations + extra,
-            "temperature": self._temperature,
-            "tune": self.tune,
-            "mean_batch_size": self._chain_batch_total / steps,
-            "accept_rate": self._chain_accepted / steps,
-            "recentered": extra > self.audit.rows,
-            "error_estimate": self._error_estimate(outcome),
-            **audit,
-            **self._test_stat_values(outcome),
-        }
+        self._add_chain_stats(stats)
+        stats["accept_rate"] = self._chain_accepted / self._chain_steps
+        stats["recentered"] = extra > self.audit.rows
+        stats["error_estimate"] = self._error_estimate(outcome)
+        stats.update(audit)
         if self.tune and self._tune_enabled and self.proposal.uses_scale:
-            self.scaling = self.tuner.update(accept)
+            self.scaling = self.tuner.update(stats["accept"])
         return new_point, [stats]
 
     # --------------------------------------------------------- progress bar
@@ -566,11 +752,4 @@ class MinibatchStep(ChainSetupMixin, PyMCStepHooks, BlockedStep):
     def progress_bar_updates(self) -> tuple[Any, ...]:
         """The function that maps a draw's stats to the progress bar's fields."""
         return progressbar_update_functions(self._tuned_stat())
-
-    @staticmethod
-    def competence(var: Any, has_grad: bool) -> Competence:
-        """Never chosen automatically: a minibatch test is an explicit choice."""
-        if var.dtype in continuous_types:
-            return Competence.COMPATIBLE
-        return Competence.INCOMPATIBLE
 
