@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -24,7 +25,9 @@ from pytensor.graph.traversal import graph_inputs
 from scipy.special import expit, gammaln, log_expit
 
 from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.core.control_variate import TaylorReference
 from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.estimators import predictor_analysis
 from pymc_minibatch_mh.estimators.predictor import DecompositionError, analyse
 from pymc_minibatch_mh.estimators.predictor_analysis import select
 from pymc_minibatch_mh.estimators.predictor_taylor import PredictorTaylorEstimator
@@ -178,6 +181,34 @@ def test_selection(small_hier):
         forced = MinibatchBarker(control_variate="taylor_predictor", reference=ref)
         assert forced.control_variate.name == "taylor_predictor"
         assert forced.estimator is forced.control_variate
+    # The per-row-quantity estimator needs the sums of the quantities: a plain θ-space
+    # reference is refused with a clear error (not an assert).
+    plain = TaylorReference(np.zeros(2), np.zeros(2), -np.eye(2))
+    with pytest.raises(TypeError, match="need a PredictorReference.*got a TaylorReference"):
+        forced.control_variate._set_reference(plain)
+    # With a given reference and affine coefficients, no full-pass function is compiled.
+    assert not {"value_grad_fn", "hvp_fn"} & set(vars(forced.control_variate.passes))
+
+
+def test_selection_warns_about_an_unforeseen_failure(monkeypatch, small_hier):
+    _, _, _, _, step = small_hier
+
+    def refuse(likelihood):
+        raise DecompositionError("a product of two parts")
+
+    def crash(likelihood):
+        raise RuntimeError("unforeseen graph")
+
+    monkeypatch.setattr(predictor_analysis, "PredictorAnalysis", refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the expected refusal is logged only
+        analysis, reason = select(step.likelihood)
+    assert analysis is None and "do not decompose: a product" in reason
+    monkeypatch.setattr(predictor_analysis, "PredictorAnalysis", crash)
+    with pytest.warns(UserWarning, match=r"failed unexpectedly \(RuntimeError: unforeseen "
+                      r"graph\), so the θ-space expansion is used"):
+        analysis, reason = select(step.likelihood)
+    assert analysis is None and "RuntimeError" in reason
 
 
 # -------------------------------------------------------------------- exactness

@@ -24,11 +24,19 @@ from conftest import sample_kwargs
 from scipy.special import expit, gammaln, log_expit
 
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker
-from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
+from pymc_minibatch_mh.core.control_variate import (
+    TaylorReference,
+    expansion_difference,
+    expansion_gradient,
+    newton_decrement,
+)
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.errors import ModelNotSupportedError as NotSupported
+from pymc_minibatch_mh.estimators import reference as reference_module
 from pymc_minibatch_mh.estimators import taylor as cv_module
+from pymc_minibatch_mh.estimators.reference import TaylorPasses
 from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 
 def moments_ok(draws, mean, sd, k=4.0):
@@ -64,6 +72,33 @@ def test_reference_closed_form_is_exact_for_a_quadratic():
     assert np.mean([ref.distance(x) ** 2 for x in draws]) == pytest.approx(1.0, abs=0.05)
     assert newton_decrement([3.0, 4.0], np.eye(2)) == pytest.approx(5.0)
     assert newton_decrement([1.0, 0.0], -np.eye(2)) == math.inf
+
+
+def test_expansion_formula_as_numpy_and_as_graph():
+    """The one formula, computed with NumPy and built as a PyTensor graph, agree."""
+    import pytensor
+
+    rng = np.random.default_rng(3)
+    d = 3
+    a = rng.normal(size=(d, d))
+    g, h, c = rng.normal(size=d), a + a.T, rng.normal(size=d)
+    x, y = rng.normal(size=d), rng.normal(size=d)
+    sym = [pt.vector(n, dtype="float64") for n in ("g", "c", "x", "y")]
+    hs = pt.matrix("h", dtype="float64")
+    fn = pytensor.function(
+        [sym[0], hs, *sym[1:]],
+        [expansion_difference(sym[0], hs, *sym[1:], dot=pt.dot),
+         expansion_gradient(sym[0], hs, sym[1], sym[3], dot=pt.dot)],
+    )
+    graph_value, graph_gradient = fn(g, h, c, x, y)
+    assert float(graph_value) == pytest.approx(expansion_difference(g, h, c, x, y), rel=1e-12)
+    np.testing.assert_allclose(graph_gradient, expansion_gradient(g, h, c, y), rtol=1e-12)
+    # The gradient is that of the expansion's value (central differences).
+    ref = TaylorReference(c, g, h)
+    eps = 1e-6
+    numeric = [(ref.proxy_value(y + eps * e) - ref.proxy_value(y - eps * e)) / (2 * eps)
+               for e in np.eye(d)]
+    np.testing.assert_allclose(ref.proxy_gradient(y), numeric, rtol=1e-6)
 
 
 def test_reference_rejects_bad_input():
@@ -160,6 +195,25 @@ def test_poisson_glm_sums_and_residuals_match_the_analytic_expansion(glm):
         full = cv.full_pass()
         exact = (loglik(prop) - loglik(cur)).sum() / temperature + prior_delta
         assert full.sum() + float(data_free) == pytest.approx(exact, rel=1e-9, abs=1e-9)
+
+
+def test_proxy_graph_value_and_gradient_agree(glm):
+    """The estimator's compiled proxy (shared θ̂, G, H) equals its NumPy value."""
+    import pytensor
+
+    _, _, _, b_hat, step = glm
+    cv = step.control_variate
+    flat = pt.vector("flat", dtype="float64")
+    fn = pytensor.function([flat], cv.proxy_graph(flat))
+    rng = np.random.default_rng(4)
+    ref = cv.reference
+    for _ in range(3):
+        x = b_hat + 0.1 * rng.normal(size=2)
+        expected = ref.proxy_difference(b_hat, x)
+        assert float(fn(x)) == pytest.approx(expected, rel=1e-10)
+        assert cv.proxy_value(x) == pytest.approx(expected, rel=1e-10)
+        np.testing.assert_allclose(cv.proxy_gradient(x),
+                                   ref.gradient + ref.hessian @ (x - b_hat), rtol=1e-10)
 
 
 def test_normal_likelihood_residuals_are_zero():
@@ -425,6 +479,64 @@ def test_recentering_during_tuning_only_and_counted():
     # A new chain starts from the reference the step was built with.
     step._start_chain(np.random.default_rng(0))
     np.testing.assert_array_equal(step.control_variate.reference.theta, first_theta)
+
+
+def test_failed_recentering_warns_once_per_chain_and_is_counted(monkeypatch):
+    x = np.random.default_rng(18).normal(size=400)
+    with normal_model(x):
+        step = MinibatchBarker(control_variate="taylor", reference={"mu": 0.0}, recenter=1.0,
+                               batch_size=10)
+    cv = step.control_variate
+    theta = cv.reference.theta.copy()
+
+    def fail(x, what):
+        raise ControlVariateError(f"The log-likelihood is not finite at the {what}.")
+
+    monkeypatch.setattr(cv.passes, "reference_at", fail)
+    far = theta + 100.0
+    for chain in range(2):
+        cv.start_chain(np.random.default_rng(chain), 10)
+        with pytest.warns(UserWarning, match="re-centring the control variates failed") as rec:
+            assert cv.maybe_recenter(far) == 400
+            assert cv.maybe_recenter(far) == 400
+        assert len([w for w in rec if "re-centring" in str(w.message)]) == 1, chain
+        assert cv.recenter_failures == 2 * (chain + 1)
+        np.testing.assert_array_equal(cv.reference.theta, theta)  # the old θ̂ is kept
+    assert cv.recenterings == 0
+    assert cv.maybe_recenter(theta) == 0  # near θ̂: nothing tried, nothing counted
+    assert cv.recenter_failures == 4
+
+
+def test_non_finite_prior_hessian_warns():
+    x = np.random.default_rng(19).normal(size=300)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Potential("kink", -pt.abs(mu) ** 1.5)  # not twice differentiable at 0
+        pm.Normal("x", mu, 2.0, observed=x)
+        with pytest.warns(UserWarning, match=r"Hessian of the log prior is not finite at the "
+                          r"reference point \(in the rows of \['mu'\]\).*reference="):
+            step = MinibatchBarker(control_variate="taylor", reference={"mu": 0.0})
+    np.testing.assert_array_equal(step.control_variate.reference.prior_hessian, [[0.0]])
+
+
+def test_passes_compile_on_first_use_and_name_a_failed_compile(monkeypatch):
+    x = np.random.default_rng(20).normal(size=300)
+    model = normal_model(x)
+    passes = TaylorPasses(MinibatchLikelihood(model, model.value_vars), "MinibatchBarker")
+    compiled = {"value_grad_fn", "hvp_fn", "gradient_sums", "hessian_sums"}
+    assert not compiled & set(vars(passes))  # nothing compiled before use
+    passes.reference_at(np.array([0.5]), what="reference point")  # a Hessian pass
+    assert compiled & set(vars(passes)) == compiled - {"gradient_sums"}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no backend")
+
+    passes = TaylorPasses(MinibatchLikelihood(model, model.value_vars), "MinibatchBarker")
+    monkeypatch.setattr(reference_module.pytensor, "function", broken)
+    for _ in range(2):  # the same clear error each time, not an AttributeError
+        with pytest.raises(ControlVariateError, match=r"function value_grad_fn .*"
+                           r"RuntimeError: no backend.*control_variate=None"):
+            _ = passes.gradient_sums
 
 
 def test_compound_step_hyperprior_allowed_and_pickles(logistic):

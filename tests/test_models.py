@@ -1,9 +1,9 @@
 """Models MinibatchBarker must sample correctly.
 
-For each model the adapter's per-observation log-likelihood, summed over all rows, must
-equal the model's own full-data log-likelihood at several random points (not only the
-initial point), its data-free part must equal the model's prior + Jacobian + Potential
-difference, and a short ``pm.sample`` must run.
+For each model the compiled per-observation log-likelihood (``model/``), summed over all
+rows, must equal the model's own full-data log-likelihood at several random points (not
+only the initial point), its data-free part must equal the model's prior + Jacobian +
+Potential difference, and a short ``pm.sample`` must run.
 """
 
 from __future__ import annotations

@@ -1,23 +1,47 @@
-"""The facts about PyTensor's internals that ``adapter/pytensor_internals.py`` relies on.
+"""The facts about PyTensor's and PyMC's internals that ``model/internals.py`` relies on.
 
-If an upgrade of PyTensor changes any of them, these tests fail loudly (instead of the
-step giving silently wrong numbers): the jitted graph is ``fn.vm.jit_fn``, the shared
-variables' storage cells follow the explicit inputs in ``fn.vm.inputs``, and
-``fn.maker.inputs`` marks which inputs are shared.
+If an upgrade of PyTensor or PyMC changes any of them, these tests fail loudly (instead of
+the step giving silently wrong numbers), one test per fact:
+
+- PyTensor: the jitted graph is ``fn.vm.jit_fn``, the shared variables' storage cells
+  follow the explicit inputs in ``fn.vm.inputs``, and ``fn.maker.inputs`` marks which
+  inputs are shared;
+- PyMC: its progress bar reads ``step._progressbar_config`` and
+  ``step._make_progressbar_update_functions``; ``sampling_state`` is built from
+  ``_state_class``; ``QuadPotentialFullAdapt`` takes ``initial_weight=`` and has an
+  ``adaptation_window`` that doubles while adapting and that ``reset()`` keeps; a NUTS
+  step's ``tune`` switches its adaptation; ``CheckParameterValue.can_be_replaced_by_ninf``
+  marks the checks PyMC turns into ``-inf``; ``pm.Minibatch`` and ``total_size`` leave the
+  op classes of ``MINIBATCH_OPS`` in the graph;
+- the scalar op classes the decomposition of the per-row quantities recognises.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+import pytest
 from pytensor.compile.mode import Mode
+from pytensor.graph.traversal import ancestors
 
+from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
+from pymc_minibatch_mh.model.graph import checks_as_ninf, has_op
 from pymc_minibatch_mh.model.internals import (
+    MINIBATCH_OPS,
     DirectCall,
+    PyMCStepHooks,
+    adaptation_window,
     direct_call,
     explicit_inputs_first,
+    full_adapt_potential,
+    is_ninf_check,
     jitted_parts,
+    set_adaptation_window,
+    set_step_tuning,
 )
 
 
@@ -88,3 +112,151 @@ def test_shared_inputs_before_explicit_ones_are_refused():
     fn.maker.inputs = list(reversed(fn.maker.inputs))
     assert not explicit_inputs_first(fn)
     assert jitted_parts(fn) is None
+
+
+# --------------------------------------------------------------------------- PyMC
+class _Hooked(PyMCStepHooks):
+    """The smallest step-like object with the hooks; records PyMC's calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def progress_bar_columns(self, n_chains):
+        self.calls.append("columns")
+        return [], {"mine": [0] * n_chains}
+
+    def progress_bar_updates(self):
+        self.calls.append("updates")
+        return (lambda stats: {"mine": 1},)
+
+
+def test_pymc_progress_bar_reads_the_step_hooks():
+    from pymc.progress_bar.progress import MCMCProgressBarManager
+
+    step = _Hooked()
+    manager = MCMCProgressBarManager(step, chains=2, draws=3, tune=1, progressbar=False)
+    assert step.calls == ["columns", "updates"]
+    assert manager.progress_stats["mine"] == [0, 0]
+    assert len(manager.update_stats_functions) == 1
+
+
+def test_pymc_sampling_state_is_built_from_state_class():
+    from pymc.step_methods.state import DataClassState, WithSamplingState, dataclass_state
+
+    @dataclass_state
+    class _State(DataClassState):
+        count: int
+
+    class _Step(PyMCStepHooks, WithSamplingState):
+        state_class = _State
+
+        def __init__(self) -> None:
+            self.count = 3
+
+    step = _Step()
+    assert _Step._state_class is _State
+    state = step.sampling_state
+    assert isinstance(state, _State) and state.count == 3
+    step.count = 0
+    step.sampling_state = state
+    assert step.count == 3
+
+
+def test_full_adapt_potential_weight_and_window():
+    rng = np.random.default_rng(0)
+    mean, cov = np.zeros(2), 4.0 * np.eye(2)
+    samples = rng.normal(scale=0.1, size=(5, 2))
+    velocities = {}
+    for weight in (1, 1000):
+        potential = full_adapt_potential(2, mean, cov.copy(), initial_weight=weight)
+        for x in samples:
+            potential.update(x, np.zeros(2), tune=True)
+        velocities[weight] = potential.velocity(np.ones(2))
+    # initial_weight= is the weight of the initial covariance (4 I) against the samples.
+    np.testing.assert_allclose(velocities[1000], 4.0, rtol=0.02)
+    assert np.all(velocities[1] < 2.0)
+    # The window doubles at each of its ends while adapting; reset() keeps the last one.
+    potential = full_adapt_potential(2, mean, cov.copy(), initial_weight=10)
+    first = adaptation_window(potential)
+    for _ in range(first + 1):
+        potential.update(rng.normal(size=2), np.zeros(2), tune=True)
+    assert adaptation_window(potential) == 2 * first
+    potential.update(rng.normal(size=2), np.zeros(2), tune=False)  # no adaptation
+    assert adaptation_window(potential) == 2 * first
+    potential.reset()
+    assert adaptation_window(potential) == 2 * first
+    set_adaptation_window(potential, first)
+    assert adaptation_window(potential) == first
+
+
+def test_nuts_tune_flag_switches_its_adaptation():
+    with pm.Model():
+        pm.Normal("x", 0.0, 1.0, shape=2)
+        step = pm.NUTS()
+    start_inner_chain(step, np.random.default_rng(1))
+    point = {"x": np.zeros(2)}
+    sizes = {}
+    for tune in (True, False):
+        set_step_tuning(step, tune)
+        assert step.tune is tune
+        seen = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(10):
+                point, stats = step.step(point)
+                seen.append(float(stats[0]["step_size"]))
+        sizes[tune] = seen
+    assert len(set(sizes[True])) > 1  # adapting: the step size moves
+    assert len(set(sizes[False])) == 1  # not adapting: fixed
+
+
+def test_parameter_checks_replaceable_by_ninf():
+    from pymc.logprob.utils import CheckParameterValue
+
+    sigma, value = pt.scalar("sigma"), pt.scalar("value")
+    logp = pm.logp(pm.Normal.dist(0.0, sigma), value)
+    assert any(v.owner is not None and is_ninf_check(v.owner.op) for v in ancestors([logp]))
+    strict = pytensor.function([sigma, value], logp, mode="FAST_COMPILE")
+    with pytest.raises(Exception, match="sigma > 0"):
+        strict(-1.0, 0.0)
+    (lenient,) = checks_as_ninf([logp])
+    assert pytensor.function([sigma, value], lenient, mode="FAST_COMPILE")(-1.0, 0.0) == -np.inf
+    # PyMC marks the checks of icdf as not replaceable: they must stay errors.
+    q = pt.scalar("q")
+    icdf = pm.icdf(pm.Normal.dist(0.0, sigma), q)
+    assert any(v.owner is not None and isinstance(v.owner.op, CheckParameterValue)
+               for v in ancestors([icdf]))
+    assert not any(v.owner is not None and is_ninf_check(v.owner.op) for v in ancestors([icdf]))
+
+
+@pytest.mark.filterwarnings("ignore:total_size not provided")
+def test_minibatch_and_total_size_leave_minibatch_ops():
+    data = np.zeros(100)
+    with pm.Model() as plain:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=data)
+    with pm.Model() as minibatch:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=pm.Minibatch(data, batch_size=10))
+    with pm.Model() as total_size:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=data, total_size=1000)
+    assert not has_op(plain.observed_RVs, MINIBATCH_OPS)
+    assert has_op(minibatch.observed_RVs, MINIBATCH_OPS)
+    assert has_op(total_size.observed_RVs, MINIBATCH_OPS)
+
+
+def test_op_classes_of_the_decomposition():
+    from pytensor.scalar.basic import Add, Exp, Mul, Neg, Sub, TrueDiv
+    from pytensor.scalar.math import Sigmoid, Softplus
+    from pytensor.tensor.elemwise import CAReduce
+
+    x, y = pt.vector("x"), pt.vector("y")
+    cases = [(x + y, Add), (x - y, Sub), (-x, Neg), (x * y, Mul), (x / y, TrueDiv),
+             (pt.sigmoid(x), Sigmoid), (pt.exp(x), Exp), (pt.softplus(x), Softplus)]
+    for expr, op_class in cases:
+        assert isinstance(expr.owner.op.scalar_op, op_class), (expr, op_class)
+    total = pt.sum(pt.matrix("m"), axis=1)
+    assert isinstance(total.owner.op, CAReduce) and isinstance(total.owner.op.scalar_op, Add)
+    index = pt.vector("v")[pt.vector("idx", dtype="int64")]
+    assert isinstance(index.owner.op, ADVANCED_INDEX_OPS)

@@ -230,6 +230,14 @@ def test_minibatch_without_total_size():
             build()
 
 
+def test_total_size_is_refused():
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1, observed=np.zeros(200), total_size=2000)
+        with pytest.raises(ModelNotSupportedError, match="total_size.*full data"):
+            build()
+
+
 @pytest.mark.filterwarnings("ignore:Data in y contains missing values")
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("only_mu", [False, True])

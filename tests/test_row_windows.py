@@ -120,7 +120,7 @@ class ShuffledRows:
     shuffle : callable, optional
         ``shuffle(order, rng)`` permutes ``order`` in place uniformly at random (default
         :func:`numpy_shuffle`). Every order, the first included, is made by it; the
-        adapter passes a compiled one (NumPy's costs about 47 ms per 10⁶ rows, a large
+        package's step passed a compiled one (NumPy's costs about 47 ms per 10⁶ rows, a large
         share of a step's cost when amortised over the steps of a pass).
 
     Notes

@@ -15,19 +15,20 @@ the difference of the expansions between θ and θ' is, with ``δ = θ' − θ``
     q_i(θ') − q_i(θ) = g_i^T δ + ½ δ^T H_i w,
 
 so its sum over all N rows needs only ``G = Σ g_i`` and ``H = Σ H_i`` (one pass over the
-data at θ̂): :meth:`TaylorReference.proxy_difference`. The log acceptance ratio is then
-``Δ = [Σ_i (q_i(θ') − q_i(θ)) + Σ_i r_i] / K + c`` with the residuals
-``r_i = ℓ_i(θ') − ℓ_i(θ) − (q_i(θ') − q_i(θ))``, and only the residuals are estimated from
-a minibatch: ``Δ* = (closed form)/K + c + (N/b) Σ_{i∈B} r_i / K``, unbiased for Δ under
-sampling without replacement, with a variance that is that of the residuals. Near θ̂ the
+data at θ̂): :func:`expansion_difference`, the one home of this formula (NumPy here; the
+estimators build their PyTensor graphs by calling it with ``dot=pytensor.tensor.dot``).
+The log acceptance ratio is then ``Δ = [Σ_i (q_i(θ') − q_i(θ)) + Σ_i r_i] / K + c`` with
+the residuals ``r_i = ℓ_i(θ') − ℓ_i(θ) − (q_i(θ') − q_i(θ))``, and only the residuals are
+estimated from a minibatch: ``Δ* = (closed form)/K + c + (N/b) Σ_{i∈B} r_i / K``, unbiased
+for Δ under sampling without replacement, with a variance that is that of the residuals. Near θ̂ the
 residuals are third-order small (``O(‖δ‖ ‖θ − θ̂‖²)`` per row), which is why a minibatch
 of a few rows suffices at temperature 1 with proposals as wide as the posterior
 (Bardenet, Doucet and Holmes 2017, section 7 [1]_; Cornish et al. 2019 [2]_).
 
 This module holds the reference (θ̂, G, H) and what can be computed from it without the
-model: the closed-form sum, the Laplace precision and covariance, the distance of a state
-from θ̂ in that metric, and the Newton decrement used to check that a MAP search
-converged. The per-row residuals need the model; they are compiled in
+model: the closed-form sum and its gradient, the Laplace precision and covariance, the
+distance of a state from θ̂ in that metric, and the Newton decrement used to check that a
+MAP search converged. The per-row residuals need the model; they are compiled in
 :mod:`pymc_minibatch_mh.estimators.taylor`.
 
 References
@@ -42,12 +43,76 @@ References
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["TaylorReference", "newton_decrement"]
+__all__ = ["TaylorReference", "expansion_difference", "expansion_gradient", "newton_decrement"]
+
+
+def expansion_difference(
+    gradient: Any, hessian: Any, centre: Any, x_cur: Any, x_prop: Any,
+    dot: Callable[[Any, Any], Any] = np.dot,
+) -> Any:
+    r"""The difference of a second-order expansion between two points: ``Gᵀδ + ½ δᵀ H w``.
+
+    With the expansion ``q(x) = q(c) + Gᵀ(x − c) + ½ (x − c)ᵀ H (x − c)`` around the
+    centre ``c``, ``q(x') − q(x) = Gᵀδ + ½ δᵀ H w`` with ``δ = x' − x`` and
+    ``w = x' + x − 2c`` (H symmetric). ``x = c`` gives ``q(x') − q(c)``.
+
+    The one implementation of this formula: with NumPy arrays and the default ``dot`` it
+    computes the value; with PyTensor variables and ``dot=pytensor.tensor.dot`` it builds
+    the graph of the same expression (the estimators' compiled closed form).
+
+    Parameters
+    ----------
+    gradient, hessian : array_like or tensor
+        G, shape ``(k,)``, and the symmetric H, shape ``(k, k)``.
+    centre, x_cur, x_prop : array_like or tensor
+        c, x and x', shape ``(k,)``.
+    dot : callable
+        The inner/matrix-vector product (``numpy.dot`` or ``pytensor.tensor.dot``).
+
+    Returns
+    -------
+    scalar or tensor
+        ``Gᵀδ + ½ δᵀ H w``.
+
+    Examples
+    --------
+    >>> float(expansion_difference(np.array([1.0]), np.array([[-2.0]]), np.array([0.0]),
+    ...                            np.array([0.0]), np.array([1.0])))
+    0.0
+
+    """
+    delta = x_prop - x_cur
+    w = x_prop + x_cur - 2.0 * centre
+    return dot(gradient, delta) + 0.5 * dot(delta, dot(hessian, w))
+
+
+def expansion_gradient(
+    gradient: Any, hessian: Any, centre: Any, x: Any,
+    dot: Callable[[Any, Any], Any] = np.dot,
+) -> Any:
+    """Gradient of the second-order expansion of :func:`expansion_difference`: ``G + H(x − c)``.
+
+    Parameters
+    ----------
+    gradient, hessian, centre, x : array_like or tensor
+        G ``(k,)``, the symmetric H ``(k, k)``, the centre c and the point x ``(k,)``.
+    dot : callable
+        The matrix-vector product (``numpy.dot`` or ``pytensor.tensor.dot``).
+
+    Returns
+    -------
+    array or tensor
+        Shape ``(k,)``.
+
+    """
+    return gradient + dot(hessian, x - centre)
 
 
 @dataclass(frozen=True)
@@ -132,11 +197,19 @@ class TaylorReference:
             The full-data sum of the differences of the expansions.
 
         """
-        x_cur = np.asarray(x_cur, dtype=np.float64)
-        x_prop = np.asarray(x_prop, dtype=np.float64)
-        delta = x_prop - x_cur
-        w = x_prop + x_cur - 2.0 * self.theta
-        return float(self.gradient @ delta + 0.5 * delta @ (self.hessian @ w))
+        return float(expansion_difference(
+            self.gradient, self.hessian, self.theta,
+            np.asarray(x_cur, dtype=np.float64), np.asarray(x_prop, dtype=np.float64),
+        ))
+
+    def proxy_value(self, x: ArrayLike) -> float:
+        """``Σ_i [q_i(x) − q_i(θ̂)]``: the full-data sum of the expansions at ``x`` (untempered)."""
+        return self.proxy_difference(self.theta, x)
+
+    def proxy_gradient(self, x: ArrayLike) -> NDArray[np.float64]:
+        """Gradient of :meth:`proxy_value` at ``x``: ``G + H(x − θ̂)``."""
+        return np.asarray(expansion_gradient(self.gradient, self.hessian, self.theta,
+                                             np.asarray(x, dtype=np.float64)))
 
     def precision(self) -> NDArray[np.float64]:
         """The Laplace precision ``−(H + H_prior)`` at θ̂ (temperature 1)."""

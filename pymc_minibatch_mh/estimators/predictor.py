@@ -31,7 +31,8 @@ value per row):
   wrappers. Parts of data alone go to the offset ``o`` (never needed numerically). Any
   other operation on a part that depends on both θ and the rows (``exp(b * x)`` inside a
   sum, a product of two such parts, a θ-dependent vector of length N) makes the analysis
-  fail with a :class:`~pymc_minibatch_mh.estimators.predictor_walk.DecompositionError` that says where.
+  fail with a :class:`~pymc_minibatch_mh.estimators.predictor_walk.DecompositionError`
+  that says where.
 
 Graphs here are the model's own (value variables after ``model.replace_rvs_by_values``,
 the model's data variables); :meth:`Predictors.to_rows` rebuilds them on the row batches
@@ -49,6 +50,8 @@ import pymc as pm
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
+from pytensor.scalar.basic import Exp
+from pytensor.scalar.math import Sigmoid, Softplus
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.random.op import RandomVariable
 
@@ -74,11 +77,12 @@ __all__ = [
     "coefficient_vector",
 ]
 
-#: Elementwise links peeled from a parameter (scalar Op class name -> the link).
-LINKS: dict[str, Callable[[Any], Any]] = {
-    "Sigmoid": pt.sigmoid,
-    "Exp": pt.exp,
-    "Softplus": pt.softplus,
+#: Elementwise links peeled from a parameter: name -> (the scalar Op class that
+#: recognises it, the link as a function of the quantity).
+LINKS: dict[str, tuple[type, Callable[[Any], Any]]] = {
+    "Sigmoid": (Sigmoid, pt.sigmoid),
+    "Exp": (Exp, pt.exp),
+    "Softplus": (Softplus, pt.softplus),
 }
 
 #: Largest number of coefficients (features) accepted: the closed form needs a K × K
@@ -142,7 +146,7 @@ class Predictors:
             for param, k in params:
                 if k is not None:
                     link = self.quantities[k].link
-                    repl[param] = LINKS[link](q[k]) if link else q[k]
+                    repl[param] = LINKS[link][1](q[k]) if link else q[k]
             logp = pm.logp(rv, value)
             logp = clone_replace(logp, repl)
             total = logp if total is None else total + logp
@@ -174,9 +178,10 @@ class Predictors:
 
 def _peel(param: Variable) -> tuple[str | None, Variable]:
     var = _strip(param)
-    if (var.owner is not None and isinstance(var.owner.op, Elemwise)
-            and type(var.owner.op.scalar_op).__name__ in LINKS):
-        return type(var.owner.op.scalar_op).__name__, _strip(var.owner.inputs[0])
+    if var.owner is not None and isinstance(var.owner.op, Elemwise):
+        for name, (op_class, _) in LINKS.items():
+            if isinstance(var.owner.op.scalar_op, op_class):
+                return name, _strip(var.owner.inputs[0])
     return None, var
 
 

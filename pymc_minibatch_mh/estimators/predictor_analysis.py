@@ -10,6 +10,7 @@ coefficients ``c(θ)``; :func:`select` decides which Taylor expansion
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import numpy as np
@@ -167,13 +168,31 @@ def select(likelihood: MinibatchLikelihood) -> tuple[PredictorAnalysis | None, s
         (``analysis.is_affine()``); an affine one is the θ-space expansion, whose
         full-data passes then use the analysis.
 
+    Warns
+    -----
+    UserWarning
+        If the analysis fails with anything but a
+        :class:`~pymc_minibatch_mh.estimators.predictor.DecompositionError` (the expected
+        refusal, which is only logged): the θ-space expansion is used then, and the
+        warning names the exception.
+
     """
     try:
         analysis = PredictorAnalysis(likelihood)
     except DecompositionError as err:
         return None, f"the per-row quantities do not decompose: {err}"
-    except Exception as err:  # noqa: BLE001 - an unforeseen graph: the θ-space expansion
-        return None, f"the analysis failed ({err.__class__.__name__}: {err})"
+    except Exception as err:  # noqa: BLE001 - an unforeseen graph: warned, θ-space expansion
+        reason = f"the analysis failed ({err.__class__.__name__}: {err})"
+        warnings.warn(
+            f"control_variate='taylor': the analysis of the per-row quantities failed "
+            f"unexpectedly ({err.__class__.__name__}: {err}), so the θ-space expansion is "
+            "used. It is correct, but may need larger minibatches on models whose rows see "
+            "the parameters through a non-linear function (hierarchical models). Pass "
+            "control_variate='taylor_theta' to choose it without this warning, and please "
+            "report the model.",
+            UserWarning, stacklevel=2,
+        )
+        return None, reason
     if analysis.is_affine():
         return analysis, ("every coefficient is affine in the parameters, so the expansion in "
                       "the per-row quantities equals the θ-space expansion")

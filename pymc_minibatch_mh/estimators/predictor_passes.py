@@ -64,12 +64,6 @@ class PredictorReference(TaylorReference):
             value.setflags(write=False)
             object.__setattr__(self, name, value)
 
-    def coef_difference(self, c_cur: NDArray[np.float64], c_prop: NDArray[np.float64]) -> float:
-        """``A·d + ½ dᵀ B w``: the full-data sum of the proxies' differences."""
-        d = c_prop - c_cur
-        w = c_prop + c_cur - 2.0 * self.coef
-        return float(self.coef_gradient @ d + 0.5 * d @ (self.coef_hessian @ w))
-
 
 
 # ----------------------------------------------------------------------- passes
@@ -243,10 +237,8 @@ class PredictorPasses(TaylorPasses):
                 "where every observation has positive likelihood, or use "
                 "control_variate=None."
             )
-        _, _, prior_h = self.prior(x, hessian=True)
-        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
         return PredictorReference(
-            x.copy(), g, h, prior_h, loglik=loglik, coef=an.coefficients(x),
+            x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik, coef=an.coefficients(x),
             coef_gradient=a, coef_hessian=b,
         )
 

@@ -59,7 +59,11 @@ import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
 
-from pymc_minibatch_mh.core.control_variate import TaylorReference
+from pymc_minibatch_mh.core.control_variate import (
+    TaylorReference,
+    expansion_difference,
+    expansion_gradient,
+)
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.estimators.predictor import (
     DecompositionError,
@@ -159,13 +163,15 @@ class PredictorTaylorEstimator(TaylorEstimator):
         """The full-data sum of the expansions at ``x``, less its value at θ̂: A·d + ½dᵀBd."""
         ref = self.reference
         coefficients, _ = self.analysis.step_functions()
-        d = np.asarray(coefficients(x)).reshape(-1) - ref.coef
-        return float(ref.coef_gradient @ d + 0.5 * d @ (ref.coef_hessian @ d))
+        c = np.asarray(coefficients(x), dtype=np.float64).reshape(-1)
+        return float(expansion_difference(ref.coef_gradient, ref.coef_hessian, ref.coef,
+                                          ref.coef, c))
 
     def proxy_graph(self, flat: Any) -> Any:
         """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared A, B, ĉ)."""
-        d = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat}) - self._coef_hat
-        return pt.dot(self._coef_gradient, d) + 0.5 * pt.dot(d, pt.dot(self._coef_hessian, d))
+        c = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat})
+        return expansion_difference(self._coef_gradient, self._coef_hessian, self._coef_hat,
+                                    self._coef_hat, c, dot=pt.dot)
 
     def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the full-data sum of the expansions at ``x``: ``Jᵀ(A + B(c(x) − ĉ))``.
@@ -175,8 +181,9 @@ class PredictorTaylorEstimator(TaylorEstimator):
         """
         ref = self.reference
         coefficients, vjp = self.analysis.step_functions()
-        c = np.asarray(coefficients(x)).reshape(-1)
-        return np.asarray(vjp(x, ref.coef_gradient + ref.coef_hessian @ (c - ref.coef)))
+        c = np.asarray(coefficients(x), dtype=np.float64).reshape(-1)
+        return np.asarray(vjp(x, expansion_gradient(ref.coef_gradient, ref.coef_hessian,
+                                                    ref.coef, c)))
 
     def _compile_delta(self, graphs: Any) -> Any:
         an = self.analysis
@@ -202,10 +209,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
         residuals = graphs.ratios - proxy * inv_t
         c_prop = clone_replace(an.coef, {graphs.flat: x_prop})
         c_cur = clone_replace(an.coef, {graphs.flat: x_cur})
-        d = c_prop - c_cur
-        w = c_prop + c_cur - 2.0 * self._coef_hat
-        closed_form = (
-            pt.dot(self._coef_gradient, d) + 0.5 * pt.dot(d, pt.dot(self._coef_hessian, w))
+        closed_form = expansion_difference(
+            self._coef_gradient, self._coef_hessian, self._coef_hat, c_cur, c_prop, dot=pt.dot
         ) * inv_t
         fn = self.likelihood.compile(
             [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
@@ -213,7 +218,13 @@ class PredictorTaylorEstimator(TaylorEstimator):
         return direct_call(fn)
 
     def _set_reference(self, ref: TaylorReference) -> None:
-        assert isinstance(ref, PredictorReference)
+        if not isinstance(ref, PredictorReference):
+            raise TypeError(
+                f"{self.step_name}: the per-row-quantity control variates need a "
+                f"PredictorReference (with the sums A and B of the quantities), got a "
+                f"{type(ref).__name__}. Build it with PredictorPasses.reference_at or "
+                "find_map, not with TaylorPasses."
+            )
         self.reference = ref
         self._theta.set_value(np.array(ref.theta), borrow=False)
         self._coef_hat.set_value(np.array(ref.coef), borrow=False)

@@ -17,19 +17,14 @@ from typing import Any
 import numpy as np
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.scalar.basic import Add, Identity, Mul, Neg, Sub, TrueDiv
 from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import SpecifyShape
-from pytensor.tensor.subtensor import AdvancedSubtensor
 
-try:  # PyTensor 2.x; PyTensor 3 has AdvancedSubtensor only
-    from pytensor.tensor.subtensor import AdvancedSubtensor1
-
-    _ADVANCED_INDEX: tuple[type, ...] = (AdvancedSubtensor, AdvancedSubtensor1)
-except ImportError:  # pragma: no cover - depends on the installed line
-    _ADVANCED_INDEX = (AdvancedSubtensor,)
+from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS
 
 __all__ = ["DecompositionError", "Term"]
 
@@ -208,11 +203,11 @@ class _Walker:
             return self._elemwise(var)
         if isinstance(op, DimShuffle):
             return self._dimshuffle(var)
-        if isinstance(op, _ADVANCED_INDEX):
+        if isinstance(op, ADVANCED_INDEX_OPS):
             return self._index(var)
         if self._is_dot(op):
             return self._dot(node.inputs[0], node.inputs[1], var)
-        if isinstance(op, CAReduce) and type(op.scalar_op).__name__ == "Add":
+        if isinstance(op, CAReduce) and isinstance(op.scalar_op, Add):
             return self._sum(var)
         raise self._refuse(var)
 
@@ -246,23 +241,23 @@ class _Walker:
 
     def _elemwise(self, var: Variable) -> Linear:
         node = var.owner
-        name = type(node.op.scalar_op).__name__
+        scalar_op = node.op.scalar_op
         inputs = node.inputs
-        if isinstance(node.op.scalar_op, ScalarCast) or name == "Identity":
+        if isinstance(scalar_op, ScalarCast | Identity):
             lin = self.decompose(inputs[0])
             return Linear(lin.terms, lin.offset)
-        if name == "Add":
+        if isinstance(scalar_op, Add):
             out = Linear()
             for i in inputs:
                 out = self._add(out, self.decompose(i))
             return out
-        if name == "Sub":
+        if isinstance(scalar_op, Sub):
             return self._add(self.decompose(inputs[0]), self._negate(self.decompose(inputs[1])))
-        if name == "Neg":
+        if isinstance(scalar_op, Neg):
             return self._negate(self.decompose(inputs[0]))
-        if name == "Mul":
+        if isinstance(scalar_op, Mul):
             return self._mul(var, list(inputs))
-        if name == "TrueDiv":
+        if isinstance(scalar_op, TrueDiv):
             num, den = inputs
             if self.depends_on_theta(den) and self.per_row(den):
                 raise self._refuse(var, " (a denominator that depends on θ and the rows)")
@@ -343,7 +338,7 @@ class _Walker:
         if inp.ndim != 2 or axis != (1,) or inp.owner is None:
             raise self._refuse(var)
         if not (isinstance(inp.owner.op, Elemwise)
-                and type(inp.owner.op.scalar_op).__name__ == "Mul"
+                and isinstance(inp.owner.op.scalar_op, Mul)
                 and len(inp.owner.inputs) == 2):
             raise self._refuse(var)
         a, b = inp.owner.inputs

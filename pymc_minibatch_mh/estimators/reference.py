@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,6 +92,12 @@ class ChunkSums:
 class TaylorPasses:
     """Full-data passes and the MAP search of the Taylor control variates.
 
+    The graphs are built here; the per-chunk functions of the passes are compiled on
+    first use (:attr:`value_grad_fn`, :attr:`hvp_fn` and the :class:`ChunkSums` built on
+    them), so a path that does not use one never compiles it (the per-row-quantity
+    expansion with a given reference needs neither). A failed compilation raises a
+    :class:`~pymc_minibatch_mh.errors.ControlVariateError` that names the function.
+
     Parameters
     ----------
     likelihood : MinibatchLikelihood
@@ -111,9 +118,9 @@ class TaylorPasses:
         self.map_decrement = math.nan
         #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
         self.map_converged = False
-        self._compile(likelihood.graphs)
+        self._build_graphs(likelihood.graphs)
 
-    def _compile(self, graphs: Any) -> None:
+    def _build_graphs(self, graphs: Any) -> None:
         # The Hessians are assembled column by column from Hessian-vector products
         # (reverse over reverse): PyTensor's vectorised jacobian can send the graph
         # rewriter into a loop (seen with a Normal likelihood), its scan version compiles
@@ -127,35 +134,56 @@ class TaylorPasses:
         hv = grad(pt.dot(g, v), flat)
         prior_g = grad(prior, flat, disconnected_inputs="ignore")
         prior_hv = grad(pt.dot(prior_g, v), flat, disconnected_inputs="ignore")
-
-        def compile_fn(inputs: list[Any], outputs: Any) -> Any:
-            fn = pytensor.function(
-                inputs, outputs, mode=_FULL_PASS_MODE, on_unused_input="ignore"
-            )
-            fn.trust_input = True
-            return fn
-
-        # Compiled on first use: an estimator that computes G and H otherwise (the
-        # per-row-quantity expansion) with a given reference needs neither.
-        self._lazy = {
-            "_value_grad_fn": lambda: compile_fn([flat, *data], [total, g]),
-            "_hvp_fn": lambda: compile_fn([flat, v, *data], hv),
-            "_gradient_sums": lambda: ChunkSums(self._value_grad_fn, None, self.dim),
-            "_hessian_sums": lambda: ChunkSums(self._value_grad_fn, self._hvp_fn, self.dim),
+        self._pass_graphs = {
+            "value_grad_fn": ([flat, *data], [total, g]),
+            "hvp_fn": ([flat, v, *data], hv),
         }
         # No data in the prior: a quickly compiled function is fast enough.
-        self._prior_all_fn = pytensor.function(
-            [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
-            on_unused_input="ignore",
+        self._prior_all_fn = self._compile_fn(
+            "prior_all_fn", [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
+            what="the log prior, its gradient and a Hessian-vector product",
+            trust_input=False,
         )
 
-    def __getattr__(self, name: str) -> Any:
-        lazy = self.__dict__.get("_lazy", {})
-        if name in lazy:
-            value = lazy.pop(name)()
-            setattr(self, name, value)
-            return value
-        raise AttributeError(name)
+    def _compile_fn(self, name: str, inputs: list[Any], outputs: Any, mode: str,
+                    what: str, trust_input: bool = True) -> Any:
+        """Compile one function of the passes; a failure names it."""
+        try:
+            fn = pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+        except Exception as err:  # noqa: BLE001 - re-raised with the function's name
+            raise ControlVariateError(
+                f"{self.step_name}: compiling the control variates' function {name} ({what}) "
+                f"failed ({err.__class__.__name__}: {err}). The model's log-likelihood or "
+                "prior has an operation PyTensor cannot differentiate or compile here; use "
+                "control_variate=None for this step (and report the model if it should "
+                "work)."
+            ) from err
+        fn.trust_input = trust_input
+        return fn
+
+    @functools.cached_property
+    def value_grad_fn(self) -> Any:
+        """``(x, *rows) -> (Σ ℓ_i, its gradient)`` over a chunk (compiled on first use)."""
+        inputs, outputs = self._pass_graphs["value_grad_fn"]
+        return self._compile_fn("value_grad_fn", inputs, outputs, _FULL_PASS_MODE,
+                                "the chunk's log-likelihood and its gradient")
+
+    @functools.cached_property
+    def hvp_fn(self) -> Any:
+        """``(x, v, *rows) -> H v`` over a chunk (compiled on first use)."""
+        inputs, outputs = self._pass_graphs["hvp_fn"]
+        return self._compile_fn("hvp_fn", inputs, outputs, _FULL_PASS_MODE,
+                                "Hessian-vector products of the chunk's log-likelihood")
+
+    @functools.cached_property
+    def gradient_sums(self) -> ChunkSums:
+        """The per-chunk sum and gradient of a gradient pass (first use compiles)."""
+        return ChunkSums(self.value_grad_fn, None, self.dim)
+
+    @functools.cached_property
+    def hessian_sums(self) -> ChunkSums:
+        """The per-chunk sum, gradient and Hessian of a full pass (first use compiles)."""
+        return ChunkSums(self.value_grad_fn, self.hvp_fn, self.dim)
 
     def prior(
         self, x: NDArray[np.float64], hessian: bool = False
@@ -174,7 +202,7 @@ class TaylorPasses:
         """Sum, gradient (and Hessian) of the log-likelihood over all rows, in chunks."""
         note(f"full pass {self.evaluations // self.store.n_rows + 1} over "
              f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
-        parts = self.store.reduce(self._hessian_sums if hessian else self._gradient_sums, x)
+        parts = self.store.reduce(self.hessian_sums if hessian else self.gradient_sums, x)
         self.evaluations += self.store.n_rows
         return add_chunks(parts)
 
@@ -189,8 +217,34 @@ class TaylorPasses:
                 "where every observation has positive likelihood, or use "
                 "control_variate=None."
             )
-        prior_h = prior_h if np.all(np.isfinite(prior_h)) else None
-        return TaylorReference(x.copy(), g, h, prior_h, loglik=loglik)
+        return TaylorReference(x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik)
+
+    def prior_hessian(self, x: NDArray[np.float64], what: str) -> NDArray[np.float64] | None:
+        """The log prior's Hessian at ``x``, or None (with a warning) where it is not finite.
+
+        None makes the reference's prior Hessian zero: Δ* is unaffected (it uses the
+        prior's exact difference), but the Laplace approximation at the reference (its
+        precision, ``S="laplace"``, the ``recenter=`` distance, the MAP search's Newton
+        decrement) then uses the likelihood's Hessian alone, which the warning says.
+        """
+        _, _, h = self.prior(x, hessian=True)
+        finite = np.isfinite(h)
+        if np.all(finite):
+            return h
+        bad = ~np.all(finite, axis=1)
+        names = [e.name for e in self.likelihood.point_map.entries
+                 if np.any(bad[e.start:e.start + e.size])]
+        warnings.warn(
+            f"{self.step_name}: the Hessian of the log prior is not finite at the {what} "
+            f"(in the rows of {names}); the control variates use a zero prior Hessian "
+            "there. Δ* is unaffected, but the Laplace approximation at that point "
+            "(S='laplace', recenter=, the MAP search's convergence check) then ignores "
+            "the prior's curvature. The prior is probably not twice differentiable there "
+            "(a kink or a boundary): give a reference= point away from it, or set S= "
+            "yourself.",
+            UserWarning, stacklevel=2,
+        )
+        return None
 
     def describe(self, x: NDArray[np.float64]) -> str:
         """``x`` as ``name=value`` pairs of the sampled variables, for error messages."""
@@ -320,7 +374,7 @@ class TaylorPasses:
         scale = n / m
 
         def objective(x: NDArray[np.float64]) -> tuple[float, Any]:
-            return self._negated_posterior(x, *self._value_grad_fn(x, *rows), scale=scale)
+            return self._negated_posterior(x, *self.value_grad_fn(x, *rows), scale=scale)
 
         note(f"MAP search on a subsample of {m:,} of {n:,} rows")
         with np.errstate(all="ignore"):

@@ -54,9 +54,11 @@ def make_estimator(
     policy : PrefetchPolicy
         The step's prefetch policy.
     reference : dict, optional
-        The step's ``reference`` setting (see :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`).
+        The step's ``reference`` setting (see
+        :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`).
     recenter : float, optional
-        The step's ``recenter`` setting (see :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`).
+        The step's ``recenter`` setting (see
+        :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`).
     step_name : str
         Used in error messages.
     supported : bool
@@ -65,8 +67,9 @@ def make_estimator(
     Returns
     -------
     RatioEstimator
-        The plain ratios when ``kind`` is None, else :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` (or its
-        subclass :class:`~pymc_minibatch_mh.estimators.predictor_taylor.PredictorTaylorEstimator`).
+        The plain ratios when ``kind`` is None, else
+        :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` (or its subclass
+        :class:`~pymc_minibatch_mh.estimators.predictor_taylor.PredictorTaylorEstimator`).
 
     Raises
     ------

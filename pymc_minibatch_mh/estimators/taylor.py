@@ -32,12 +32,15 @@ pass at θ̂) are counted in :attr:`TaylorEstimator.setup_evaluations`; the esti
 is built once, when the step is built, and shared by all chains, so it appears in no
 chain's sample stats. Re-centring (optional, during tuning only, see
 :meth:`TaylorEstimator.maybe_recenter`) makes one more pass, counted in the step's
-``extra_evaluations`` stat and flagged in its ``recentered`` stat.
+``extra_evaluations`` stat and flagged in its ``recentered`` stat; a re-centring whose
+pass fails (non-finite derivatives at the state) keeps θ̂, is counted in
+:attr:`TaylorEstimator.recenter_failures` and warned about once per chain.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -47,7 +50,7 @@ import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.graph.traversal import graph_inputs
 
-from pymc_minibatch_mh.core.control_variate import TaylorReference
+from pymc_minibatch_mh.core.control_variate import TaylorReference, expansion_difference
 from pymc_minibatch_mh.errors import ControlVariateError, ModelNotSupportedError
 from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
 from pymc_minibatch_mh.estimators.reference import MAP_TOLERANCE, TaylorPasses
@@ -126,8 +129,9 @@ class TaylorEstimator(RatioEstimator):
 
     __slots__ = ("analysis", "passes", "step_name", "recenter_threshold", "dim", "_theta",
                  "_gradient",
-                 "_hessian", "recenterings", "map_evaluations", "setup_evaluations",
-                 "initial_reference", "reference", "_data")
+                 "_hessian", "recenterings", "recenter_failures", "_recenter_warned",
+                 "map_evaluations", "setup_evaluations", "initial_reference", "reference",
+                 "_data")
 
     def __init__(
         self,
@@ -158,6 +162,9 @@ class TaylorEstimator(RatioEstimator):
         super().__init__(likelihood, policy, self._compile_delta(likelihood.graphs))
         #: Re-centrings since the estimator was built, over all chains of this process.
         self.recenterings = 0
+        #: Re-centrings whose pass failed (θ̂ kept), over all chains of this process.
+        self.recenter_failures = 0
+        self._recenter_warned = False
         if reference is None:
             x0 = likelihood.point_map.to_flat(likelihood.initial_point)
             ref = passes.find_map(x0, strict=self._strict_map)
@@ -234,8 +241,8 @@ class TaylorEstimator(RatioEstimator):
             [first, second], {t: self._theta, u: delta, v: w}
         )
         residuals = graphs.ratios - (first + 0.5 * second) * inv_t
-        closed_form = (
-            pt.dot(self._gradient, delta) + 0.5 * pt.dot(delta, pt.dot(self._hessian, w))
+        closed_form = expansion_difference(
+            self._gradient, self._hessian, self._theta, x_cur, x_prop, dot=pt.dot
         ) * inv_t
         fn = self.likelihood.compile(
             [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
@@ -270,6 +277,7 @@ class TaylorEstimator(RatioEstimator):
             )
         if self.reference is not self.initial_reference:
             self._set_reference(self.initial_reference)
+        self._recenter_warned = False
 
     def maybe_recenter(self, x: NDArray[np.float64]) -> int:
         """Re-centre at ``x`` if it is far from θ̂ (call during tuning only).
@@ -282,7 +290,7 @@ class TaylorEstimator(RatioEstimator):
         Returns
         -------
         int
-            Rows evaluated (N if it re-centred, else 0).
+            Rows evaluated (N if it tried to re-centre, else 0).
 
         Notes
         -----
@@ -293,6 +301,11 @@ class TaylorEstimator(RatioEstimator):
         only. Each chain starts from the reference built with the step, so results do
         not depend on how chains are distributed over processes.
 
+        A re-centring whose pass fails (the log-likelihood or its derivatives are not
+        finite at ``x``) keeps θ̂: Δ* stays unbiased, only the minibatches may stay
+        larger. It is counted in :attr:`recenter_failures` and warned about (a
+        ``UserWarning``) once per chain.
+
         """
         threshold = self.recenter_threshold
         if threshold is None:
@@ -302,22 +315,33 @@ class TaylorEstimator(RatioEstimator):
             return 0
         try:
             ref = self.passes.reference_at(np.array(x, dtype=np.float64), what="re-centring point")
-        except ControlVariateError:
-            return self.store.n_rows  # evaluated, but not usable: keep the old reference
+        except ControlVariateError as err:
+            # Evaluated, but not usable: keep the old reference, and say so.
+            self.recenter_failures += 1
+            if not self._recenter_warned:
+                self._recenter_warned = True
+                warnings.warn(
+                    f"{self.step_name}: re-centring the control variates failed, so the "
+                    f"reference point was kept (Δ* stays unbiased; minibatches may stay "
+                    f"larger): {err} Further failures in this chain are counted in the "
+                    "estimator's recenter_failures, not warned about. If this repeats, give "
+                    "a larger recenter= or a reference= nearer the posterior's bulk.",
+                    UserWarning, stacklevel=2,
+                )
+            return self.store.n_rows
         self._set_reference(ref)
         self.recenterings += 1
         return self.store.n_rows
 
     def proxy_value(self, x: NDArray[np.float64]) -> float:
         """The full-data sum of the expansions at ``x``, less its value at θ̂ (untempered)."""
-        ref = self.reference
-        d = x - ref.theta
-        return float(ref.gradient @ d + 0.5 * d @ (ref.hessian @ d))
+        return self.reference.proxy_value(x)
 
     def proxy_graph(self, flat: Any) -> Any:
         """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared θ̂)."""
-        d = flat - self._theta
-        return pt.dot(self._gradient, d) + 0.5 * pt.dot(d, pt.dot(self._hessian, d))
+        return expansion_difference(
+            self._gradient, self._hessian, self._theta, self._theta, flat, dot=pt.dot
+        )
 
     def proxy_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Gradient of the full-data sum of the expansions at ``x``: ``G + H(x − θ̂)``.
@@ -325,8 +349,7 @@ class TaylorEstimator(RatioEstimator):
         Untempered and data-free (O(d²)): with the prior's exact gradient it is the
         gradient of the surrogate posterior that surrogate-guided proposals follow.
         """
-        ref = self.reference
-        return ref.gradient + ref.hessian @ (x - ref.theta)
+        return self.reference.proxy_gradient(x)
 
     # ---------------------------------------------------------------- reporting
     def reference_point(self) -> dict[str, NDArray[np.float64]]:

@@ -1,6 +1,6 @@
 """The checks that refuse models a minibatch step cannot split, and the split's validation.
 
-Every refusal is a :class:`ModelNotSupportedError` whose message says what is wrong and
+Every refusal is a :class:`~pymc_minibatch_mh.errors.ModelNotSupportedError` whose message says what is wrong and
 what to do.
 """
 
@@ -18,8 +18,10 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import graph_inputs
 
+from pymc_minibatch_mh.core.common import check_batch_size  # the one rule, re-exported
 from pymc_minibatch_mh.errors import ModelNotSupportedError
-from pymc_minibatch_mh.model.graph import leading_length, observed_source, op_names
+from pymc_minibatch_mh.model.graph import has_op, leading_length, observed_source
+from pymc_minibatch_mh.model.internals import MINIBATCH_OPS
 
 __all__ = [
     "check_batch_size",
@@ -61,10 +63,8 @@ def check_observed(model: pm.Model, observed: Sequence[Variable], step_name: str
             "subsample. Pass observed=... to the likelihood, or use pm.Metropolis or "
             "NUTS for a model without data."
         )
-    names = op_names(observed)
-    if any("Minibatch" in name for name in names) or any(
-        getattr(model, "rvs_to_total_sizes", {}).get(rv) is not None for rv in observed
-    ):
+    # total_size wraps the observed variable in a MinibatchRandomVariable (PyMC 5 and 6).
+    if has_op(observed, MINIBATCH_OPS):
         raise ModelNotSupportedError(
             f"The model uses pm.Minibatch or total_size. {step_name} draws its own "
             "minibatches from the full data set: pass the full data as observed (and as "
@@ -290,15 +290,6 @@ def _validate_rows(
             "scalings, sorting, cumulative sums, lags) beforehand and pass them as data, "
             "or sample this model with NUTS."
         )
-
-
-def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as an int; ValueError unless it is a positive integer."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    return int(batch_size)
 
 
 def check_temperature(temperature: Any) -> float:

@@ -9,6 +9,9 @@
 - PyTensor 2.x (with PyMC 5) compiles with the C backend by default; PyTensor 3.x (with
   PyMC 6) with Numba. :func:`default_mode` names the backend the per-step functions are
   compiled with on both lines (Numba, measured faster in ``benchmarks/bench_backends.py``).
+- PyTensor 2.x indexes a vector by an integer vector with ``AdvancedSubtensor1`` (or
+  ``AdvancedSubtensor``); PyTensor 3.x has ``AdvancedSubtensor`` only:
+  :data:`ADVANCED_INDEX_OPS`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import pymc as pm
 import pytensor
 import xarray as xr
 from pymc.util import get_random_generator
+from pytensor.tensor.subtensor import AdvancedSubtensor
 
 __all__ = [
+    "ADVANCED_INDEX_OPS",
     "PYMC_MAJOR",
     "PYTENSOR_MAJOR",
     "ChainSetupMixin",
@@ -35,6 +40,14 @@ __all__ = [
 PYMC_MAJOR: int = int(pm.__version__.split(".")[0])
 PYTENSOR_MAJOR: int = int(pytensor.__version__.split(".")[0])
 _DATATREE: tuple[type, ...] = (xr.DataTree,) if hasattr(xr, "DataTree") else ()
+
+try:  # PyTensor 2.x; PyTensor 3 has AdvancedSubtensor only
+    from pytensor.tensor.subtensor import AdvancedSubtensor1
+
+    #: The op classes of ``v[idx]`` with an integer index vector ``idx``.
+    ADVANCED_INDEX_OPS: tuple[type, ...] = (AdvancedSubtensor, AdvancedSubtensor1)
+except ImportError:  # pragma: no cover - depends on the installed line
+    ADVANCED_INDEX_OPS = (AdvancedSubtensor,)
 
 
 class ChainSetupMixin:

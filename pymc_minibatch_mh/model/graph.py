@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
-from pymc.logprob.utils import CheckParameterValue
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
@@ -19,16 +18,17 @@ from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 
+from pymc_minibatch_mh.model.internals import is_ninf_check
 from pymc_minibatch_mh.store.row_store import data_value
 
 __all__ = [
     "checks_as_ninf",
     "clone_replace",
+    "has_op",
     "is_data",
     "is_shape_constant",
     "leading_length",
     "observed_source",
-    "op_names",
 ]
 
 
@@ -53,9 +53,10 @@ def is_data(var: Variable) -> bool:
     return isinstance(var, SharedVariable | Constant) and getattr(var, "ndim", 0) >= 1
 
 
-def op_names(outputs: Sequence[Variable]) -> set[str]:
-    """Names of the Ops in the graphs of ``outputs``."""
-    return {type(v.owner.op).__name__ for v in ancestors(outputs) if v.owner is not None}
+def has_op(outputs: Sequence[Variable], op_types: tuple[type, ...]) -> bool:
+    """Whether the graphs of ``outputs`` contain an Op of one of the classes ``op_types``."""
+    return any(v.owner is not None and isinstance(v.owner.op, op_types)
+               for v in ancestors(outputs))
 
 
 def _rebuild(
@@ -104,7 +105,7 @@ def clone_replace(outputs: Any, replace: Mapping[Variable, Variable]) -> Any:
 
 
 def _check_as_ninf(node: Any, new_inputs: list[Variable]) -> Variable | None:
-    if not (isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf):
+    if not is_ninf_check(node.op):
         return None
     expr, *conds = new_inputs
     if all(isinstance(c, Constant) and np.all(c.data) for c in conds):

@@ -8,23 +8,35 @@ entries of ``fn.vm.inputs`` (after the explicit inputs), and ``fn.maker.inputs``
 which inputs are shared. :func:`direct_call` uses exactly these three facts, and nothing
 else in the package touches PyTensor's private attributes.
 
-``tests/test_pytensor_internals.py`` checks each fact on the installed PyTensor (outputs of
-the direct call equal the wrapper's, shared values are read at call time, the explicit
-inputs come first, functions with updates are refused), so an upgrade that changes their
-meaning fails loudly there instead of giving silently wrong numbers.
+The PyMC section below holds the rest: the private hooks PyMC's sampler reads on a step
+method, the experimental dense mass-matrix adaptation and its window, a step's ``tune``
+flag, the op classes of ``pm.Minibatch`` and ``total_size``, and which parameter checks
+PyMC itself turns into ``-inf``.
+
+``tests/test_pytensor_internals.py`` checks each fact on the installed PyTensor and PyMC
+(outputs of the direct call equal the wrapper's, shared values are read at call time, the
+explicit inputs come first, functions with updates are refused; PyMC reads the hooks, the
+window doubles and survives ``reset()``, ...), so an upgrade that changes their meaning
+fails loudly there instead of giving silently wrong numbers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pymc.data import MinibatchIndexRV, MinibatchOp
+from pymc.logprob.utils import CheckParameterValue
+from pymc.variational.minibatch_rv import MinibatchRandomVariable
+
 __all__ = [
+    "MINIBATCH_OPS",
     "DirectCall",
     "PyMCStepHooks",
     "adaptation_window",
     "direct_call",
     "explicit_inputs_first",
     "full_adapt_potential",
+    "is_ninf_check",
     "jitted_parts",
     "set_adaptation_window",
     "set_step_tuning",
@@ -183,3 +195,19 @@ def set_adaptation_window(potential: Any, window: int) -> None:
 def set_step_tuning(step: Any, tune: bool) -> None:
     """Whether a PyMC step method used inside another step adapts (its ``tune`` flag)."""
     step.tune = bool(tune)
+
+
+#: The op classes PyMC puts in a model's graph for ``pm.Minibatch`` data
+#: (``MinibatchOp``, drawing rows with ``MinibatchIndexRV``) and for an observed variable
+#: with ``total_size`` (``MinibatchRandomVariable``).
+MINIBATCH_OPS: tuple[type, ...] = (MinibatchOp, MinibatchIndexRV, MinibatchRandomVariable)
+
+
+def is_ninf_check(op: Any) -> bool:
+    """Whether ``op`` is a parameter check of PyMC that PyMC itself may turn into ``-inf``.
+
+    PyMC's log-probability graphs check parameters with ``CheckParameterValue`` ops; those
+    with ``can_be_replaced_by_ninf`` (``sigma > 0`` and the like, not the checks of
+    ``icdf``) are replaced by a switch to ``-inf`` when PyMC compiles a log-probability.
+    """
+    return isinstance(op, CheckParameterValue) and bool(op.can_be_replaced_by_ninf)
