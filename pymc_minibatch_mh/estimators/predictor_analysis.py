@@ -172,7 +172,7 @@ def select(likelihood: MinibatchLikelihood) -> tuple[PredictorAnalysis | None, s
     -----
     UserWarning
         If the analysis fails with anything but a
-        :class:`~pymc_minibatch_mh.estimators.predictor.DecompositionError` (the expected
+        :class:`~pymc_minibatch_mh.estimators.predictor_walk.DecompositionError` (the expected
         refusal, which is only logged): the θ-space expansion is used then, and the
         warning names the exception.
 

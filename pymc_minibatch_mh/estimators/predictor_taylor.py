@@ -37,7 +37,7 @@ posterior, which holds after L-BFGS-B. The decrement is reported in
 ``map_decrement`` and :attr:`~PredictorTaylorEstimator.map_converged`
 (information, not an error).
 
-**Selection** (:func:`select`, used by ``control_variate="taylor"``): this expansion when
+**Selection** (:func:`~pymc_minibatch_mh.estimators.predictor_analysis.select`, used by ``control_variate="taylor"``): this expansion when
 the decomposition succeeds for every observed variable and some coefficient is not
 affine in θ; the θ-space expansion otherwise. With affine coefficients (a plain GLM:
 ``X @ b``) both expansions are the same function (the second derivative of q in θ is

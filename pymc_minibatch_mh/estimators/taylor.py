@@ -89,7 +89,7 @@ class TaylorEstimator(RatioEstimator):
         Used in error messages.
     analysis : PredictorAnalysis, optional
         An affine decomposition of the per-row quantities
-        (:func:`~pymc_minibatch_mh.estimators.predictor_taylor.select`). The expansion is
+        (:func:`~pymc_minibatch_mh.estimators.predictor_analysis.select`). The expansion is
         then the same, but G and H are computed from the per-row derivatives in the
         quantities (:class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorPasses`:
         one Gram product per chunk) instead of d Hessian-vector products per chunk.

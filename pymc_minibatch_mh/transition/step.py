@@ -1,6 +1,6 @@
 r"""The shared PyMC step methods of all minibatch acceptance tests.
 
-:class:`MinibatchStepBase` is the base of every step method of the package. It holds what
+:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` is the base of every step method of the package. It holds what
 they all share: the constructor's wiring (the compiled likelihood, the prefetch policy,
 the Δ\* estimator, the generator and the checks of the settings), the temperature, the
 chain's start and its checks, the warning for a non-finite ratio, the rule of the
@@ -26,7 +26,7 @@ composition of four parts:
 A subclass of :class:`MinibatchStep` supplies ``_decide(estimator, data_free)`` and the
 declaration and extraction of its own stats;
 :class:`~pymc_minibatch_mh.step_methods.gibbs.MinibatchGibbs` is the other subclass of
-:class:`MinibatchStepBase` (a coordinate update per transition, a scan per draw).
+:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` (a coordinate update per transition, a scan per draw).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class MinibatchStepState(MinibatchStepBaseState):
 
 
 #: Default ``target_accept`` of the random walk (Barker's test accepts less often than
-#: Metropolis'; see :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
+#: Metropolis'; see :class:`~pymc_minibatch_mh.proposals.tuning.ScalingTuner`).
 RANDOM_WALK_TARGET_ACCEPT = 0.25
 #: Default ``target_accept`` of the surrogate-guided proposals (Barker's acceptance is at
 #: most 1/2 for moves the surrogate makes exact).
@@ -413,9 +413,9 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
 class MinibatchStep(MinibatchStepBase):
     """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
 
-    Adds to :class:`MinibatchStepBase` the proposal, its scale tuner, the surrogate start
+    Adds to :class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` the proposal, its scale tuner, the surrogate start
     point, the audit and the temperature schedule; a draw is ``steps_per_draw``
-    transitions (:meth:`_transition`).
+    transitions (``_transition``).
 
     Parameters
     ----------
@@ -434,7 +434,7 @@ class MinibatchStep(MinibatchStepBase):
         Multiplies the proposal; tuned during PyMC's tuning phase when ``tune=True``.
     tune : bool
         Tune ``scaling`` towards ``target_accept`` during tuning (see
-        :class:`~pymc_minibatch_mh.proposals.base.ScalingTuner`).
+        :class:`~pymc_minibatch_mh.proposals.tuning.ScalingTuner`).
     target_accept : float
         Target acceptance probability for tuning.
     control_variate : {None, "taylor"}
@@ -468,7 +468,7 @@ class MinibatchStep(MinibatchStepBase):
     **kwargs
         ``batch_size``, ``model``, ``rng``, ``initial_point``, ``mode``, ``check_start``,
         ``prefetch``, ``data``, ``shuffled_copy``: as for every step method
-        (:class:`MinibatchStepBase`).
+        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase`).
 
     """
 
@@ -663,7 +663,7 @@ class MinibatchStep(MinibatchStepBase):
     def _transitions(
         self, point: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """``steps_per_draw`` transitions (:meth:`_transition`)."""
+        """``steps_per_draw`` transitions (``_transition``)."""
         if self.likelihood.other_shared:
             # Other steps of a compound step may have moved the variables the surrogate's
             # prior reads: its value and gradient at the point are recomputed.
@@ -720,7 +720,7 @@ class MinibatchStep(MinibatchStepBase):
         self, point: Mapping[str, Any], x_prop: np.ndarray, outcome: TestOutcome, extra: int,
         audit: Mapping[str, Any],
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The second half of :meth:`_transition`: the new point, the stats, the tuning.
+        """The second half of ``_transition``: the new point, the stats, the tuning.
 
         ``extra`` counts the rows of a re-centring and of the audit (``audit``, its stats).
         """
