@@ -239,6 +239,7 @@ def _exponential_model(n, seed):
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_estimate_is_not_optimistic_on_a_skewed_model():
     n, b = 20_000, 50
     model, y = _exponential_model(n, seed=11)
@@ -259,6 +260,7 @@ def test_estimate_is_not_optimistic_on_a_skewed_model():
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 @pytest.mark.parametrize("cls", [MinibatchBarker, MHSubLhd, AustereMH])
 def test_estimate_is_not_optimistic_on_the_gaussian_mixture(cls):
     from pymc_minibatch_mh.datasets import gaussian_mixture_data, gaussian_mixture_model

@@ -618,6 +618,7 @@ def test_error_data_changed_after_build():
 
 # --------------------------------------------------------------------------- slow
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_logistic_d5_against_nuts():
     rng = np.random.default_rng(20)
     n, d = 50_000, 5
@@ -644,6 +645,7 @@ def test_logistic_d5_against_nuts():
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_austere_posterior_at_temperature_one(logistic):
     model, x, y, step, cov, scale = logistic
     with model:
@@ -661,6 +663,7 @@ def test_austere_posterior_at_temperature_one(logistic):
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_austere_adaptive_design_with_residuals(logistic):
     model, x, y, step, cov, scale = logistic
     start = step.control_variate.reference_point()

@@ -68,8 +68,8 @@ def poisson_model():
 # The broken variants show that the check has power; they run with the slow suite (CI runs
 # both), the correct ratio in the default one.
 @pytest.mark.parametrize(
-    "how", ["exact", pytest.param("dropped", marks=pytest.mark.slow),
-            pytest.param("flipped", marks=pytest.mark.slow)],
+    "how", ["exact", pytest.param("dropped", marks=[pytest.mark.slow, pytest.mark.newest_line]),
+            pytest.param("flipped", marks=[pytest.mark.slow, pytest.mark.newest_line])],
 )
 @pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts"])
 def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how):

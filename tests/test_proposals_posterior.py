@@ -16,7 +16,7 @@ from scipy.special import expit
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model.compat import mcse, posterior
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.newest_line]
 
 
 def logistic_model(n=400, d=3, seed=30):

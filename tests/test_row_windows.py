@@ -501,6 +501,7 @@ def test_independent_rows_reference_is_uniform():
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 @pytest.mark.parametrize("test", list(TESTS))
 def test_row_windows_bias_long_runs(test, capsys):
     """Long runs: effect sizes of ShuffledRows, PartialShuffleRows and ContinuingRows.

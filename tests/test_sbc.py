@@ -20,7 +20,6 @@ about 3 s) dominates the run time.
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 
@@ -32,15 +31,12 @@ from scipy import stats
 
 import pymc_minibatch_mh.core.barker as barker_module
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.model.compat import PYMC_MAJOR, posterior
+from pymc_minibatch_mh.model.compat import posterior
 
 #: CI's time limit allows the SBC runs (about 20 min per line) on the newest PyMC line
-#: only; on PyMC 5 they run with SBC_ALL_LINES=1 (they passed there with the same
-#: p-values: the same seeds give the same chains).
-pytestmark = pytest.mark.skipif(
-    PYMC_MAJOR < 6 and not os.environ.get("SBC_ALL_LINES"),
-    reason="SBC runs on the newest PyMC line in CI; set SBC_ALL_LINES=1 to run it here",
-)
+#: only; on PyMC 5 they run with ALL_LINES=1 (they passed there with the same p-values:
+#: the same seeds give the same chains).
+pytestmark = pytest.mark.newest_line
 
 REPLICATIONS = 200
 N_ROWS = 10_000
