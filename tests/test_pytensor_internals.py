@@ -13,6 +13,9 @@ the step giving silently wrong numbers), one test per fact:
   step's ``tune`` switches its adaptation; ``CheckParameterValue.can_be_replaced_by_ninf``
   marks the checks PyMC turns into ``-inf``; ``pm.Minibatch`` and ``total_size`` leave the
   op classes of ``MINIBATCH_OPS`` in the graph;
+- PyTensor's Numba backend says "Numba will use object mode to run ...'s perform method"
+  for an op without a Numba implementation (``compile_function`` reads it to use the C
+  backend instead);
 - the scalar op classes the decomposition of the per-row quantities recognises.
 """
 
@@ -35,6 +38,7 @@ from pymc_minibatch_mh.model.internals import (
     DirectCall,
     PyMCStepHooks,
     adaptation_window,
+    compile_function,
     direct_call,
     explicit_inputs_first,
     full_adapt_potential,
@@ -260,3 +264,37 @@ def test_op_classes_of_the_decomposition():
     assert isinstance(total.owner.op, CAReduce) and isinstance(total.owner.op.scalar_op, Add)
     index = pt.vector("v")[pt.vector("idx", dtype="int64")]
     assert isinstance(index.owner.op, ADVANCED_INDEX_OPS)
+
+
+def test_no_function_runs_in_numba_object_mode(monkeypatch):
+    from scipy.special import polygamma, psi
+
+    x = pt.vector("x", dtype="float64")
+    values = np.array([0.5, 3.0, 40.0])
+    # tri_gamma (the gradient of digamma: Student-t ν, negative binomial α) has no Numba
+    # implementation: PyTensor warns, and the function is compiled for the C backend.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        raw = pytensor.function([x], pt.tri_gamma(x), mode="NUMBA")
+    assert any("Numba will use object mode to run tri_gamma" in str(w.message) for w in caught)
+    assert "Numba" in type(raw.maker.linker).__name__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn, ops = compile_function([x], pt.tri_gamma(x), "NUMBA")
+        assert ops == ["tri_gamma"]
+        assert "Numba" not in type(fn.maker.linker).__name__
+        np.testing.assert_allclose(fn(values), polygamma(1, values), rtol=1e-7)
+        # digamma has one: Numba is kept.
+        fn, ops = compile_function([x], pt.psi(x), "NUMBA")
+        assert ops == [] and "Numba" in type(fn.maker.linker).__name__
+        np.testing.assert_allclose(fn(values), psi(values), rtol=1e-10)
+    # Other warnings of the compilation still reach the user.
+    real = pytensor.function
+
+    def noisy(*args, **kwargs):
+        warnings.warn("a warning of the compilation", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pytensor, "function", noisy)
+    with pytest.warns(UserWarning, match="a warning of the compilation"):
+        compile_function([x], pt.psi(x), "NUMBA")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.gradient import grad
@@ -25,6 +24,7 @@ from pymc_minibatch_mh.core.control_variate import TaylorReference
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.estimators.reference import _FULL_PASS_MODE, TaylorPasses, add_chunks
 from pymc_minibatch_mh.model.graph import checks_as_ninf, clone_replace
+from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 if TYPE_CHECKING:
@@ -207,8 +207,7 @@ class PredictorPasses(TaylorPasses):
         h_pairs = h
         h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
         outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
-        fn = pytensor.function([flat, *data], outputs, mode=_FULL_PASS_MODE,
-                               on_unused_input="ignore")
+        fn, _ = compile_function([flat, *data], outputs, _FULL_PASS_MODE)
         fn.trust_input = True
         self._chunk_sums = PredictorChunkSums(fn, an, [(j, j2) for j, j2, _ in h_pairs])
 

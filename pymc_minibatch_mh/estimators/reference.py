@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.gradient import grad
@@ -30,6 +29,7 @@ from scipy import optimize
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.model.graph import checks_as_ninf
+from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
@@ -44,8 +44,10 @@ MAP_TOLERANCE: float = 1e-3
 #: times as many rows (:meth:`TaylorPasses.find_map`).
 SUBSAMPLE_ROWS: int = 50_000
 
-# PyTensor mode of the full-data passes (MAP search and G, H). PyTensor's C backend ran
-# them 1–3 × faster than Numba on chunks of 2^18 rows (logistic regression, d = 10).
+# PyTensor mode of the full-data passes (MAP search and G, H): PyTensor's default,
+# "FAST_RUN", which is the C virtual machine on PyTensor 2 (1–3 × faster than Numba there
+# on chunks of 2^18 rows, logistic regression, d = 10) and Numba on PyTensor 3. Compiled
+# through compile_function, so an op without a Numba implementation goes to C there.
 _FULL_PASS_MODE = "FAST_RUN"
 
 
@@ -149,7 +151,7 @@ class TaylorPasses:
                     what: str, trust_input: bool = True) -> Any:
         """Compile one function of the passes; a failure names it."""
         try:
-            fn = pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+            fn, _ = compile_function(inputs, outputs, mode)
         except Exception as err:  # noqa: BLE001 - re-raised with the function's name
             raise ControlVariateError(
                 f"{self.step_name}: compiling the control variates' function {name} ({what}) "

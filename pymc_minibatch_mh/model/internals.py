@@ -22,14 +22,23 @@ fails loudly there instead of giving silently wrong numbers.
 
 from __future__ import annotations
 
+import logging
+import re
+import warnings
 from typing import Any
 
+import pytensor
 from pymc.data import MinibatchIndexRV, MinibatchOp
 from pymc.logprob.utils import CheckParameterValue
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
+from pytensor.compile.mode import get_mode
 
 __all__ = [
     "MINIBATCH_OPS",
+    "C_MODE",
+    "OBJECT_MODE_WARNING",
+    "compile_function",
+    "uses_numba",
     "DirectCall",
     "PyMCStepHooks",
     "adaptation_window",
@@ -41,6 +50,56 @@ __all__ = [
     "set_adaptation_window",
     "set_step_tuning",
 ]
+
+
+_log = logging.getLogger("pymc_minibatch_mh")
+
+#: PyTensor's C backend under the same name on PyTensor 2 and 3 (``"FAST_RUN"`` is the C
+#: virtual machine on PyTensor 2 and Numba on PyTensor 3): ``fast_run`` rewrites, C thunks.
+C_MODE = "CVM"
+
+#: What PyTensor's Numba backend says when an op has no Numba implementation and its
+#: Python ``perform`` would run in Numba's object mode (the same text on PyTensor 2 and 3).
+OBJECT_MODE_WARNING = re.compile(r"Numba will use object mode to run (.+?)'s perform method")
+
+
+def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, list[str]]:
+    """``pytensor.function(inputs, outputs, mode=mode)``, never in Numba's object mode.
+
+    With ``mode="NUMBA"``, an op of the graph without a Numba implementation (for example
+    ``TriGamma``, in the gradients of a Student-t's ν or a negative binomial's α) would
+    run its Python ``perform`` method in object mode, element by element, at every call.
+    The function is then compiled with PyTensor's C backend (:data:`C_MODE`) instead, and
+    the ops are logged. The same holds for ``"FAST_RUN"`` where it means Numba (the
+    default linker of PyTensor 3). Returns the function and the names of those ops (empty when the
+    requested backend was kept).
+    """
+    if not uses_numba(mode):
+        return pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore"), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+    ops, others = [], []
+    for w in caught:
+        match = OBJECT_MODE_WARNING.search(str(w.message))
+        if match:
+            ops.append(match.group(1))
+        else:
+            others.append(w)
+    for w in others:  # the other warnings are the user's to see
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not ops:
+        return fn, []
+    ops = sorted(set(ops))
+    _log.info("No Numba implementation of %s: a per-step function runs on PyTensor's C "
+              "backend instead of Numba's object mode.", ", ".join(ops))
+    return pytensor.function(inputs, outputs, mode=C_MODE, on_unused_input="ignore"), ops
+
+
+def uses_numba(mode: Any) -> bool:
+    """Whether PyTensor's ``mode`` (a name or a Mode) compiles with the Numba linker."""
+    linker = get_mode(mode).linker
+    return type(linker).__name__ == "NumbaLinker"
 
 
 def explicit_inputs_first(fn: Any) -> bool:

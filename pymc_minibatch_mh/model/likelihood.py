@@ -15,6 +15,7 @@ the next chain start.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.checks import validate_split
 from pymc_minibatch_mh.model.compat import default_mode
 from pymc_minibatch_mh.model.graph import checks_as_ninf, observed_source
-from pymc_minibatch_mh.model.internals import direct_call
+from pymc_minibatch_mh.model.internals import compile_function, direct_call
 from pymc_minibatch_mh.model.split import split_model
 from pymc_minibatch_mh.store.registry import make_store, resolve_data
 from pymc_minibatch_mh.store.row_store import RowStore
@@ -90,6 +91,7 @@ class MinibatchLikelihood:
         self.model = model
         self.step_name = step_name
         self.mode = mode if mode is not None else default_mode()
+        self.object_mode_ops: list[str] = []
         point = dict(initial_point) if initial_point is not None else model.initial_point()
         #: The point used for shapes and checks (and as the start of searches).
         self.initial_point: dict[str, Any] = point
@@ -113,15 +115,9 @@ class MinibatchLikelihood:
         self.n_rows_initial = self.store.n_rows
 
         g = self.graphs
-        self._delta_fn = self.compile(
-            [g.x_cur, g.x_prop, g.inv_temperature, *g.data], [g.ratios, g.prior_delta]
-        )
-        #: :meth:`delta` without PyTensor's per-call wrapper (see
-        #: :func:`~pymc_minibatch_mh.model.internals.direct_call`).
-        self.delta_fast = direct_call(self._delta_fn)
+        # The per-row log-likelihood checks the split below; the other per-step functions
+        # are compiled on first use, so a path that does not use one never compiles it.
         self._rows_fn = self.compile([g.flat, *g.data], g.row_loglik)
-        self._prior_fn = self.compile([g.flat], g.prior)
-        self._prior_direct = direct_call(self._prior_fn)
         self._prior_grad_fn: Any = None
         # The model's own terms on all rows (not split): the reference for validation.
         self._model_fn = self.compile([g.flat], g.full_loglik, mode="FAST_COMPILE")
@@ -133,6 +129,24 @@ class MinibatchLikelihood:
         )
         self._structure = self._model_structure()
 
+    @functools.cached_property
+    def _delta_fn(self) -> Any:
+        g = self.graphs
+        return self.compile(
+            [g.x_cur, g.x_prop, g.inv_temperature, *g.data], [g.ratios, g.prior_delta]
+        )
+
+    @functools.cached_property
+    def delta_fast(self) -> Any:
+        """:meth:`delta` without PyTensor's per-call wrapper (see
+        :func:`~pymc_minibatch_mh.model.internals.direct_call`); compiled on first use."""
+        return direct_call(self._delta_fn)
+
+    @functools.cached_property
+    def _prior_direct(self) -> Any:
+        g = self.graphs
+        return direct_call(self.compile([g.flat], g.prior))
+
     def compile(self, inputs: list[Variable], outputs: Any, mode: Any = None) -> Any:
         """A compiled function of ``inputs`` (PyMC's checks turned into ``-inf``).
 
@@ -142,7 +156,10 @@ class MinibatchLikelihood:
             (outputs,) = checks_as_ninf([outputs])
         else:
             outputs = checks_as_ninf(outputs)
-        fn = pytensor.function(inputs, outputs, mode=mode or self.mode, on_unused_input="ignore")
+        fn, object_mode_ops = compile_function(inputs, outputs, mode or self.mode)
+        #: Ops without a Numba implementation met while compiling; the functions that
+        #: contain them run on PyTensor's C backend (never in Numba's object mode).
+        self.object_mode_ops = sorted({*self.object_mode_ops, *object_mode_ops})
         fn.trust_input = True
         return fn
 
