@@ -26,8 +26,8 @@ steps are small and whose draws are correlated anyway.
 The stats of a draw with several transitions (:func:`merge_stats`): the rows and rounds
 are summed over its transitions (``batch_size`` is the rows the draw cost), ``accepted``
 and ``accept`` are the fraction of transitions accepted and the mean acceptance
-probability, ``full_data``, ``nonfinite`` and ``recentered`` say whether any transition
-had them, and every other stat (the test's own stats, the error estimate, the tuned
+probability, ``full_data``, ``nonfinite``, ``recentered`` and ``grinding`` say whether any
+transition had them, and every other stat (the test's own stats, the error estimate, the tuned
 parameters, the audit's) is that of one transition: the last audited one, else the last.
 """
 
@@ -41,7 +41,7 @@ from pymc_minibatch_mh.proposals.base import Proposal
 __all__ = ["merge_stats", "resolve_steps_per_draw"]
 
 _SUMMED = ("batch_size", "growth_rounds", "extra_evaluations")
-_ANY = ("full_data", "nonfinite", "recentered")
+_ANY = ("full_data", "nonfinite", "recentered", "grinding")
 _MEAN = ("accepted", "accept")
 
 

@@ -70,6 +70,7 @@ from pymc_minibatch_mh.transition.progress_bar import (
     progressbar_config,
     progressbar_update_functions,
 )
+from pymc_minibatch_mh.transition.rows_watch import RowsWatch, grinding_message
 from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 
 __all__ = ["MinibatchStep", "MinibatchStepBase", "MinibatchStepBaseState", "MinibatchStepState"]
@@ -175,6 +176,7 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         "temperature": (np.float64, []),
         "tune": (bool, []),
         "mean_batch_size": (np.float64, []),
+        "grinding": (bool, []),
     }
     #: Stats specific to the test, declared by subclasses.
     test_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {}
@@ -304,6 +306,7 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         self._warned_nonfinite = False
         self._chain_steps = 0
         self._chain_batch_total = 0
+        self._rows_watch = RowsWatch()
 
     def stop_tuning(self) -> None:
         """End of PyMC's tuning phase (recorded in the ``tune`` stat)."""
@@ -390,7 +393,25 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         stats["temperature"] = self._temperature
         stats["tune"] = self.tune
         stats["mean_batch_size"] = self._chain_batch_total / steps
+        stats["grinding"] = self._watch_rows(stats["batch_size"])
         return stats
+
+    def _watch_rows(self, rows: int) -> bool:
+        """Whether the last transitions read over a share of N (:mod:`.rows_watch`).
+
+        The first time in a chain, a warning says what was measured and what to try.
+        """
+        watch = self._rows_watch
+        if not self.uses_minibatches or not watch.update(rows, self._n_rows):
+            return False
+        if not watch.warned:
+            watch.warned = True
+            warnings.warn(
+                grinding_message(type(self).__name__, watch.mean, self._n_rows, watch.window,
+                                 self.tune, self.control_variate is not None),
+                RuntimeWarning, stacklevel=5,
+            )
+        return True
 
     # --------------------------------------------------------- progress bar
     def progress_bar_columns(self, n_chains: int) -> tuple[list[Any], dict[str, list[Any]]]:
