@@ -133,6 +133,9 @@ class RatioEstimator:
 
     #: The estimator's name (``step.estimator.name``).
     name: ClassVar[str] = "ratios"
+    #: Rows evaluated at every step besides the test's (in the data-free part); see
+    #: :mod:`~pymc_minibatch_mh.estimators.predictor_taylor`'s exact set.
+    exact_rows: int = 0
 
     __slots__ = ("likelihood", "store", "policy", "fn", "n_total", "x_cur", "x_prop",
                  "inv_temperature", "evaluated", "_block", "_pos", "_taken")

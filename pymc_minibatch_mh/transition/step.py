@@ -705,9 +705,13 @@ class MinibatchStep(MinibatchStepBase):
             lik.set_others(point)
         x_cur = lik.point_map.flat_view(point)  # only read below
         estimator = self.estimator
-        recentered = estimator.maybe_recenter(x_cur) if self._tuning else 0
+        recentered, changed = 0, False
+        if self._tuning:
+            before = getattr(estimator, "recenterings", 0)
+            recentered = estimator.maybe_recenter(x_cur)
+            changed = getattr(estimator, "recenterings", 0) > before
         state = self._proposal_state
-        if recentered or state is None or not np.array_equal(state.x, x_cur):
+        if changed or state is None or not np.array_equal(state.x, x_cur):
             # A chain start, a re-centring (the surrogate moved with θ̂), or a point this
             # proposal did not produce: the state is built afresh at the point.
             state = self.proposal.init(np.array(x_cur, dtype=np.float64))
@@ -723,7 +727,10 @@ class MinibatchStep(MinibatchStepBase):
         audit = self.audit(estimator, data_free, outcome, getattr(self, "correction", None))
         estimator.close(outcome.rounds)
         self._proposal_state = new_state if outcome.accepted else state
-        stats = self._complete_step(point, x_prop, outcome, recentered + self.audit.rows, audit)
+        stats = self._complete_step(
+            point, x_prop, outcome, recentered + self.audit.rows + estimator.exact_rows, audit
+        )
+        stats[1][0]["recentered"] = recentered > 0 and changed
         new_point, (step_stats,) = stats
         if self.proposal.uses_scale:
             step_stats["scaling"] = info.scale
@@ -752,7 +759,6 @@ class MinibatchStep(MinibatchStepBase):
             self._chain_accepted += 1
         self._add_chain_stats(stats)
         stats["accept_rate"] = self._chain_accepted / self._chain_steps
-        stats["recentered"] = extra > self.audit.rows
         stats["error_estimate"] = self._error_estimate(outcome)
         stats.update(audit)
         if self.tune and self._tune_enabled and self.proposal.uses_scale:

@@ -1,0 +1,135 @@
+"""The exact set of the per-row-quantity control variates: rows of small levels summed
+exactly at every step (``estimators/predictor_taylor.py``).
+
+On crossed random intercepts whose second factor has levels down to one row, the
+estimator must stay exact in law: its data-free part plus the sum of all N per-row
+values is the exact log acceptance ratio at every pair (θ, θ′); the minibatch values of
+the exact set's rows are zero (they are not counted twice); and the surrogate posterior
+includes the exact set's log-likelihood, with the gradient of its value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy.special import expit
+
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.estimators import predictor_taylor
+from pymc_minibatch_mh.estimators.predictor_taylor import EXACT_LEVEL_ROWS, EXACT_ROWS_MAX_SHARE
+
+N = 3000
+
+
+def crossed_model(n=N, seed=5):
+    rng = np.random.default_rng(seed)
+    # Factor 2: a few large levels and a tail of levels with 1-30 rows.
+    small = np.repeat(np.arange(10, 40), np.arange(1, 31))
+    g2 = rng.permutation(np.concatenate([rng.integers(10, size=n - small.size), small]))
+    g1 = rng.integers(6, size=n)
+    x = rng.normal(size=n)
+    eta = -0.3 + 0.5 * rng.normal(size=6)[g1] + 0.8 * rng.normal(size=40)[g2] + 0.5 * x
+    y = (rng.random(n) < expit(eta)).astype(np.int64)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 2.5)
+        s1 = pm.HalfNormal("s1", 1.0)
+        s2 = pm.HalfNormal("s2", 1.0)
+        z1 = pm.Normal("z1", 0.0, 1.0, shape=6)
+        z2 = pm.Normal("z2", 0.0, 1.0, shape=40)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=mu + s1 * z1[g1] + s2 * z2[g2] + b * x, observed=y)
+    return model, g2
+
+
+@pytest.fixture(scope="module")
+def crossed():
+    model, g2 = crossed_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+    return model, g2, step
+
+
+def _pair(step, seed):
+    cv = step.control_variate
+    rng = np.random.default_rng(seed)
+    theta = cv.reference.theta
+    sd = np.sqrt(np.diag(cv.laplace_covariance()))
+    return theta + sd * rng.normal(size=theta.size), theta + sd * rng.normal(size=theta.size)
+
+
+def _exact_delta(step, x, x_prop):
+    lik = step.likelihood
+    return (lik.full_loglik(x_prop).sum() - lik.full_loglik(x).sum()
+            + lik.prior(x_prop) - lik.prior(x))
+
+
+def test_the_small_levels_form_the_exact_set(crossed):
+    _, g2, step = crossed
+    cv = step.control_variate
+    assert cv.name == "taylor_predictor"
+    sizes = np.bincount(g2)
+    # Levels of fewer than EXACT_LEVEL_ROWS rows, smallest first, within the budget of
+    # EXACT_ROWS_MAX_SHARE · N = 300 rows: the levels of 1 to 24 rows (300 rows).
+    assert EXACT_LEVEL_ROWS > 30 and EXACT_ROWS_MAX_SHARE * N == 300
+    expected = np.flatnonzero(sizes[g2] <= 24)
+    np.testing.assert_array_equal(cv.exact_positions, expected)
+    assert cv.exact_rows == expected.size == sum(range(1, 25))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_data_free_part_plus_all_values_is_the_exact_ratio(crossed, seed):
+    _, g2, step = crossed
+    cv = step.control_variate
+    cv.start_chain(np.random.default_rng(seed), 50)
+    x, x_prop = _pair(step, seed)
+    for inv_t in (1.0, 0.25):
+        data_free = cv.open(x, x_prop, np.array(inv_t), 0.0, 50)
+        values = cv.full_pass()
+        cv.close(1)
+        exact = _exact_delta(step, x, x_prop)
+        # Tempering applies to the likelihood only.
+        prior = step.likelihood.prior(x_prop) - step.likelihood.prior(x)
+        assert data_free + values.sum() == pytest.approx(prior + inv_t * (exact - prior),
+                                                         abs=1e-8)
+        # The exact set's rows are not counted again in the minibatch values.
+        assert np.all(values[cv.exact_positions] == 0.0)
+        assert np.count_nonzero(values) > N - cv.exact_rows - 10
+
+
+def test_the_surrogate_includes_the_exact_set(crossed):
+    _, _, step = crossed
+    cv = step.control_variate
+    cv.start_chain(np.random.default_rng(3), 50)
+    x, x_prop = _pair(step, 3)
+    lik = step.likelihood
+    data_free = cv.open(x, x_prop, np.array(1.0), 0.0, 50)
+    cv.close(1)
+    prior = lik.prior(x_prop) - lik.prior(x)
+    # The data-free part is the surrogate's difference: a move the surrogate makes
+    # exactly is tested on the residuals of the rows outside the exact set only.
+    post = step.surrogate_posterior()
+    assert data_free == pytest.approx(post.log_density(x_prop) - post.log_density(x),
+                                      abs=1e-8)
+    assert data_free - prior == pytest.approx(cv.proxy_value(x_prop) - cv.proxy_value(x),
+                                              abs=1e-8)
+    # Its gradient is the gradient of its value.
+    h = 1e-6
+    e = np.eye(x.size)
+    numeric = np.array([(cv.proxy_value(x + h * e[j]) - cv.proxy_value(x - h * e[j])) / (2 * h)
+                        for j in range(x.size)])
+    np.testing.assert_allclose(cv.proxy_gradient(x), numeric, rtol=1e-5, atol=1e-5)
+
+
+def test_without_small_levels_there_is_no_exact_set(monkeypatch):
+    monkeypatch.setattr(predictor_taylor, "EXACT_LEVEL_ROWS", 1)
+    model, _ = crossed_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+    assert step.control_variate.exact_rows == 0
+    x, x_prop = _pair(step, 4)
+    cv = step.control_variate
+    cv.start_chain(np.random.default_rng(4), 50)
+    data_free = cv.open(x, x_prop, np.array(1.0), 0.0, 50)
+    assert data_free + cv.full_pass().sum() == pytest.approx(_exact_delta(step, x, x_prop),
+                                                             abs=1e-8)
