@@ -28,6 +28,9 @@ tail ESS and max R-hat over every scalar of every free variable (helpers of
 evaluated per draw (``batch_size`` + ``extra_evaluations``, summed over a draw's
 transitions, averaged over the kept draws).
 
+``--proposals auto,blackjax_nuts`` runs the package once per ``proposal=`` setting (rows
+"package" for the zero-config step and "package, <name>"), each against the same nutpie run.
+
 ``--profile`` adds a second table: where the step's construction time goes, measured from
 the benchmark side only (nothing in the package is changed). Time is split exclusively
 (a region's time minus that of the regions inside it) into PyTensor graph rewriting
@@ -452,21 +455,26 @@ class Run:
     warnings: list = field(default_factory=list)
 
 
-def build_step(model: pm.Model) -> MinibatchBarker:
+def build_step(model: pm.Model, proposal: str = "auto") -> MinibatchBarker:
     with model:
-        return MinibatchBarker(control_variate="taylor")
+        return MinibatchBarker(control_variate="taylor", proposal=proposal)
 
 
-def run_package(family: str, model: pm.Model, args) -> Run:
+def package_name(proposal: str) -> str:
+    """The sampler column of the package with ``proposal`` ("package" for zero-config)."""
+    return "package" if proposal == "auto" else f"package, {proposal}"
+
+
+def run_package(family: str, model: pm.Model, args, proposal: str = "auto") -> Run:
     profile = Profile() if args.profile else None
     cprof = cProfile.Profile() if args.cprofile else None
     start = time.perf_counter()
     if cprof is not None:
         cprof.enable()
     if profile is not None:
-        step = PROFILER.run(profile, "construction", build_step, model)
+        step = PROFILER.run(profile, "construction", build_step, model, proposal)
     else:
-        step = build_step(model)
+        step = build_step(model, proposal)
     if cprof is not None:
         cprof.disable()
         args.cprofile.mkdir(parents=True, exist_ok=True)
@@ -475,7 +483,7 @@ def run_package(family: str, model: pm.Model, args) -> Run:
         pstats.Stats(cprof, stream=buf).sort_stats("cumulative").print_stats(12)
         print(buf.getvalue())
     setup = time.perf_counter() - start
-    run = Run(family, "package", setup, profile=profile,
+    run = Run(family, package_name(proposal), setup, profile=profile,
               passes=float(getattr(step, "setup_passes", math.nan)),
               note=f"proposal {step.proposal.name!r}, {step.steps_per_draw} transition(s) "
                    f"per draw, batch_size {step.batch_size}")
@@ -533,14 +541,16 @@ def run_family(family: str, args, skipped: dict) -> tuple[list[Run], list[str]]:
     print(f"\n=== {family}, N = {args.n:,}: model in {time.perf_counter() - t0:.1f} s",
           flush=True)
     runs = []
-    samplers = ["package"] + ([] if "nutpie" in skipped or args.setup_only else ["nutpie"])
-    for sampler in samplers:
+    samplers = [package_name(p) for p in args.proposals] + (
+        [] if "nutpie" in skipped or args.setup_only else ["nutpie"])
+    for sampler, proposal in zip(samplers, [*args.proposals, None], strict=False):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             try:
-                run = (run_package if sampler == "package" else run_nutpie)(family, model, args)
+                run = (run_nutpie(family, model, args) if sampler == "nutpie"
+                       else run_package(family, model, args, proposal))
             except Exception as err:  # noqa: BLE001 - report and go on
                 print(f"  {sampler} FAILED: {type(err).__name__}: {err}")
                 traceback.print_exc(limit=4)
@@ -577,20 +587,20 @@ def zoo_table(all_runs: dict, names: dict) -> list[str]:
             bulk, tail, rhat = ess_rhat(sc)
             rate = bulk / (r.setup_s + r.sampling_s)
             rates[r.sampler] = rate
-            if r.sampler == "package" and ref_sc is not None:
+            if r.sampler.startswith("package") and ref_sc is not None:
                 z, sdr, z_at, sd_at, _ = agreement(sc, ref_sc)
                 zs, sds = f"{z:.2f} ({z_at})", f"{sdr:.3f} ({sd_at})"
             else:
                 zs = sds = "ref" if r.sampler == "nutpie" else "n/a"
             rows_out.append((r, bulk, tail, rhat, rate, zs, sds))
         for r, bulk, tail, rhat, rate, zs, sds in rows_out:
-            ratio = (rates["package"] / rates["nutpie"]
-                     if r.sampler == "package" and "nutpie" in rates else None)
+            ratio = (rates[r.sampler] / rates["nutpie"]
+                     if r.sampler.startswith("package") and "nutpie" in rates else None)
             lines.append(
                 f"| {family} | {r.sampler} | {r.setup_s:.1f} | {r.sampling_s:.1f} "
                 f"| {bulk:,.0f} | {tail:,.0f} | {rhat:.3f} | {rate:.3g} "
                 f"| {fmt(ratio, '.2f')} | {zs} | {sds} "
-                f"| {fmt(r.rows_per_draw) if r.sampler == 'package' else ''} |")
+                f"| {fmt(r.rows_per_draw) if r.sampler.startswith('package') else ''} |")
     return lines
 
 
@@ -662,12 +672,16 @@ def parse_args(argv=None):
                    help="build the steps only (no sampling, no nutpie); use with --profile")
     p.add_argument("--cprofile", type=Path, default=None,
                    help="write a cProfile of each step construction into this folder")
+    p.add_argument("--proposals", default="auto",
+                   help="comma-separated proposal= settings of the package's step, each run "
+                        "(default: auto, the zero-config step; e.g. auto,blackjax_nuts)")
     p.add_argument("--chains", type=int, default=2, help="chains, one after another")
     p.add_argument("--seed", type=int, default=2017)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     args.n = int(args.n)
     args.families = [f.strip() for f in args.families.split(",") if f.strip()]
+    args.proposals = [q.strip() for q in args.proposals.split(",") if q.strip()]
     unknown = set(args.families) - set(FAMILIES)
     if unknown:
         p.error(f"--families: unknown {sorted(unknown)}; choose from {FAMILIES}")

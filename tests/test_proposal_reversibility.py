@@ -1,4 +1,4 @@
-"""Surrogate transitions and surrogate NUTS are exact proposals when π̃ ≠ π.
+"""Surrogate transitions and surrogate NUTS (PyMC's and blackjax's) are exact proposals when π̃ ≠ π.
 
 A Poisson model with a log link, N = 4 counts (0, 0, 0, 1) and θ ~ N(0, 2²) has a
 skewed posterior π (mean −1.41, sd 0.87), computed by quadrature on a grid; the Taylor
@@ -71,7 +71,7 @@ def poisson_model():
     "how", ["exact", pytest.param("dropped", marks=[pytest.mark.slow, pytest.mark.newest_line]),
             pytest.param("flipped", marks=[pytest.mark.slow, pytest.mark.newest_line])],
 )
-@pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts"])
+@pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts", "blackjax_nuts"])
 def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how):
     mean, var = exact_moments()
     with poisson_model(), warnings.catch_warnings():

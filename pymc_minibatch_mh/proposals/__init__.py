@@ -7,6 +7,7 @@ adapts a proposal's scale from outside.
 """
 
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalState
+from pymc_minibatch_mh.proposals.blackjax_nuts import BlackjaxNUTSProposal
 from pymc_minibatch_mh.proposals.crank_nicolson import CrankNicolsonProposal
 from pymc_minibatch_mh.proposals.gradient import SurrogateHMCProposal, SurrogateLangevinProposal
 from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
@@ -16,6 +17,7 @@ from pymc_minibatch_mh.proposals.surrogate import GaussianSurrogate, SurrogatePo
 from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
 
 __all__ = [
+    "BlackjaxNUTSProposal",
     "CrankNicolsonProposal",
     "GaussianSurrogate",
     "Proposal",

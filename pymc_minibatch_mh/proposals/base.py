@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -67,6 +67,9 @@ class ProposalState:
     whitened : ndarray or None
         ``L⁻¹(x − θ̂)``, the point in the Laplace fit's whitened coordinates
         (Crank–Nicolson).
+    carry : object or None
+        Anything else a proposal carries to its next call at this point, in its own
+        form (the compiled NUTS's JAX arrays).
 
     """
 
@@ -74,6 +77,7 @@ class ProposalState:
     log_density: float = math.nan
     gradient: _Vec | None = None
     whitened: _Vec | None = None
+    carry: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -473,11 +473,14 @@ class MinibatchStep(MinibatchStepBase):
         this from θ̂ (Laplace metric, per dimension; about 1 for a posterior draw). Only
         with ``control_variate``; default: never.
     proposal : str, object or callable, optional
-        ``"auto"`` (default: ``"crank_nicolson"`` around the control variates' Laplace fit
-        when ``control_variate`` is set, else ``"random_walk"``), ``"random_walk"``,
-        ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, a proposal object or a callable
-        ``step -> proposal``; see :mod:`~pymc_minibatch_mh.proposals.registry`. With a
-        surrogate proposal and tuning, each chain starts from a draw of the Laplace fit.
+        ``"auto"`` (default: with ``control_variate``, ``"crank_nicolson"`` around the
+        control variates' Laplace fit for GLMs and ``"surrogate_nuts"`` for hierarchical
+        models; else ``"random_walk"``), ``"random_walk"``, ``"crank_nicolson"``,
+        ``"mala"``, ``"hmc"``, ``"surrogate_transition"``, ``"surrogate_nuts"``,
+        ``"blackjax_nuts"`` (NUTS on the surrogate compiled with JAX; the ``jax`` extra), a
+        proposal object or a callable ``step -> proposal``; see
+        :mod:`~pymc_minibatch_mh.proposals.registry`. With a surrogate proposal and
+        tuning, each chain starts from a draw of the Laplace fit (at θ̂ for the NUTS ones).
     audit_every : int, optional
         Every this many steps, also decide the proposal on the full data, coupled to the
         minibatch decision (:mod:`~pymc_minibatch_mh.transition.audit`; the pass is counted
