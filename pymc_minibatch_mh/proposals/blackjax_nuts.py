@@ -215,7 +215,10 @@ class BlackjaxNUTSProposal(Proposal):
         return self._compiled
 
     def start_point(self, rng: np.random.Generator) -> _Vec:
-        """Where a tuned chain starts: θ̂ (as for :class:`SurrogateNUTSProposal`)."""
+        """Where a tuned chain starts: θ̂.
+
+        As for :class:`~pymc_minibatch_mh.proposals.nuts.SurrogateNUTSProposal`.
+        """
         return self.surrogate.theta_hat.copy()
 
     def start_chain(self, rng: np.random.Generator) -> None:
