@@ -334,7 +334,10 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     def open(self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64],
              inv_temperature: NDArray[np.float64], log_q_ratio: float, rows: int) -> float:
-        """As :meth:`RatioEstimator.open`, the exact set's residuals in the data-free part."""
+        """The ratio estimator's ``open``, with the exact set's residuals in the data-free part.
+
+        See :meth:`~pymc_minibatch_mh.estimators.ratio.RatioEstimator.open`.
+        """
         data_free = super().open(x_cur, x_prop, inv_temperature, log_q_ratio, rows)
         if self._exact_fn is None:
             return data_free
