@@ -1,4 +1,4 @@
-"""Never grind silently: a chain whose test reads most of the data says so within 100
+"""Never grind silently: a chain whose test reads most of the data says so after 100
 transitions (a warning once per chain and the ``grinding`` stat), and a chain whose
 minibatches stay small does not."""
 
@@ -25,16 +25,16 @@ def normal_model():
     return model
 
 
-def test_window_mean_and_share():
+def test_block_mean_and_share():
     watch = RowsWatch(window=4, share=0.25)
-    # Not before the window is full, however large the rows.
+    # Not before the first block is complete, however large the rows.
     assert [watch.update(100, 100) for _ in range(3)] == [False] * 3
     assert watch.update(100, 100)
     assert watch.mean == 100
-    # The mean over the last 4 only: 100, 10, 10, 10 -> 32.5 > 25; one more 10 -> 10.
+    # The verdict holds until the next block is complete: 10, 10, 10, 70 -> 25, not over.
     assert all(watch.update(10, 100) for _ in range(3))
-    assert not watch.update(10, 100)
-    assert watch.mean == 10
+    assert not watch.update(70, 100)
+    assert watch.mean == 25
     # At exactly the share it is not over it.
     assert not RowsWatch(window=1, share=0.25).update(25, 100)
 
@@ -56,11 +56,11 @@ def test_a_grinding_chain_warns_once_per_chain_with_what_it_measured():
         flags, caught = _sample(step)
     assert len(caught) == 2  # one per chain
     message = str(caught[0].message)
-    assert f"of the N = {N:,} rows" in message and f"last {WINDOW} transitions" in message
+    assert f"of the N = {N:,} rows" in message and f"over {WINDOW} transitions" in message
     assert "control_variate='taylor'" in message
-    # Not before the window is full; then on every draw (the test stays near N).
+    # Not before the first block is complete; then on every draw (the test stays near N).
     assert not flags[:, : WINDOW - 1].any()
-    assert flags[:, WINDOW:].all()
+    assert flags[:, WINDOW - 1:].all()
 
 
 def test_small_minibatches_and_full_data_methods_do_not_warn():

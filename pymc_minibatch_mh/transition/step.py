@@ -714,7 +714,8 @@ class MinibatchStep(MinibatchStepBase):
             recentered = estimator.maybe_recenter(x_cur)
             changed = getattr(estimator, "recenterings", 0) > before
         state = self._proposal_state
-        if changed or state is None or not np.array_equal(state.x, x_cur):
+        # Bytes, not np.array_equal (about 2 µs a call): a bitwise match is what counts.
+        if changed or state is None or state.x.tobytes() != x_cur.tobytes():
             # A chain start, a re-centring (the surrogate moved with θ̂), or a point this
             # proposal did not produce: the state is built afresh at the point.
             state = self.proposal.init(np.array(x_cur, dtype=np.float64))
