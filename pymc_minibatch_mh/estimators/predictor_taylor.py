@@ -309,15 +309,21 @@ class PredictorTaylorEstimator(TaylorEstimator):
         # Levels by size, smallest first, while below the threshold and the budget.
         levels = sorted((int(size), k, level) for k, cnt in enumerate(counts)
                         for level, size in enumerate(cnt) if 0 < size < EXACT_LEVEL_ROWS)
+        # Each level's row positions, from one stable sort per factor (not a pass over the
+        # N rows per level: there can be many small levels at large N).
+        order = [np.argsort(c, kind="stable") for c in columns]
+        starts = [np.concatenate(([0], np.cumsum(cnt))) for cnt in counts]
         small = [np.zeros(c.size, dtype=bool) for c in counts]
         in_set = np.zeros(n, dtype=bool)
-        budget = int(EXACT_ROWS_MAX_SHARE * n)
+        budget, total = int(EXACT_ROWS_MAX_SHARE * n), 0
         for _, k, level in levels:
-            rows = columns[k] == level
-            if np.count_nonzero(in_set | rows) > budget:
+            rows = order[k][starts[k][level]:starts[k][level + 1]]
+            added = int(np.count_nonzero(~in_set[rows]))
+            if total + added > budget:
                 break
+            total += added
             small[k][level] = True
-            in_set |= rows
+            in_set[rows] = True
         if not in_set.any():
             return None
         self.exact_positions = np.flatnonzero(in_set)

@@ -136,6 +136,8 @@ class RatioEstimator:
     #: Rows evaluated at every step besides the test's (in the data-free part); see
     #: :mod:`~pymc_minibatch_mh.estimators.predictor_taylor`'s exact set.
     exact_rows: int = 0
+    #: Re-centrings of the control variates' reference so far (none without them).
+    recenterings: int = 0
 
     __slots__ = ("likelihood", "store", "policy", "fn", "n_total", "x_cur", "x_prop",
                  "inv_temperature", "evaluated", "_block", "_pos", "_taken")

@@ -710,9 +710,9 @@ class MinibatchStep(MinibatchStepBase):
         estimator = self.estimator
         recentered, changed = 0, False
         if self._tuning:
-            before = getattr(estimator, "recenterings", 0)
-            recentered = estimator.maybe_recenter(x_cur)
-            changed = getattr(estimator, "recenterings", 0) > before
+            before = estimator.recenterings
+            recentered = estimator.maybe_recenter(x_cur)  # rows of a pass, even a failed one
+            changed = estimator.recenterings > before
         state = self._proposal_state
         # Bytes, not np.array_equal (about 2 µs a call): a bitwise match is what counts.
         if changed or state is None or state.x.tobytes() != x_cur.tobytes():
@@ -734,8 +734,8 @@ class MinibatchStep(MinibatchStepBase):
         stats = self._complete_step(
             point, x_prop, outcome, recentered + self.audit.rows + estimator.exact_rows, audit
         )
-        stats[1][0]["recentered"] = recentered > 0 and changed
         new_point, (step_stats,) = stats
+        step_stats["recentered"] = changed
         if self.proposal.uses_scale:
             step_stats["scaling"] = info.scale
         if self._proposal_stats:
