@@ -193,18 +193,25 @@ def test_step_constructors_refuse_bad_batch_sizes(step, value):
 
 
 # --------------------------------------------------------- error estimates (rule 5)
-def _old_austere_estimate(outcome):
-    """The step class's code before the move (AustereMH._error_estimate)."""
+def _old_austere_estimate(outcome, n_total):
+    """AustereMH's estimate from the outcome's stats (issue 28: every look counted)."""
     if outcome.full_data:
         return 0.0
-    return outcome.p_value if outcome.batch_size else math.nan
-
-
-def _old_mhsublhd_estimate(outcome, n_total):
-    """The step class's code before the move (MHSubLhd._error_estimate)."""
+    if not outcome.batch_size or not math.isfinite(outcome.std_error):
+        return math.nan
     n = outcome.batch_size
-    std = outcome.std * (n / (n - 1.0)) ** 0.5 if n > 1 else math.nan
-    return threshold_error_estimate(outcome.mean, outcome.psi, std, n, n_total)
+    sd = outcome.std_error * math.sqrt(n / (1 - (n - 1) / (n_total - 1)))
+    return austere.averaged_error_bound(n_total * sd / math.sqrt(n_total - 1),
+                                       outcome.design_batch_size, outcome.epsilon, n_total)
+
+
+def _old_mhsublhd_estimate(outcome, n_total, **settings):
+    """MHSubLhd's bound from the outcome's stats (issue 28: its δ split over the checks)."""
+    if outcome.full_data:
+        return 0.0
+    if not outcome.batch_size or not math.isfinite(outcome.bound):
+        return math.nan
+    return subsampling.check_budget(n_total, **settings)
 
 
 def _same(a, b):
@@ -226,11 +233,13 @@ def test_error_estimates_in_the_core_reproduce_the_step_values():
             source = ArraySource(data, rng=rng)
             source.start_step()
             a = austere.austere_test(rng, source, c, batch_size=b, epsilon=0.05)
-            assert _same(austere.austere_error_estimate(a), _old_austere_estimate(a))
+            new, ref = austere.austere_error_estimate(a, n_total), _old_austere_estimate(a, n_total)
+            assert _same(new, ref) or new == pytest.approx(ref, rel=1e-12)
             source.start_step()
             m = subsampling.mhsublhd_test(rng, source, c, batch_size=b, range_bound=0.05)
-            estimate = subsampling.mhsublhd_error_estimate(m, n_total)
-            assert _same(estimate, _old_mhsublhd_estimate(m, n_total))
+            settings = dict(batch_size=b, delta=0.01, gamma=1.5, p=2.0)
+            estimate = subsampling.mhsublhd_error_estimate(m, n_total, **settings)
+            assert _same(estimate, _old_mhsublhd_estimate(m, n_total, **settings))
             kinds.add((a.full_data, a.batch_size > 0, math.isnan(estimate)))
             if 0.0 < estimate < 0.5:
                 partial.append(estimate)

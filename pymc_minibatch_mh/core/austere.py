@@ -38,6 +38,8 @@ from pymc_minibatch_mh.core.austere_design import (
 )
 from pymc_minibatch_mh.core.austere_error import (
     SequentialTestProperties,
+    averaged_error,
+    averaged_error_bound,
     batch_schedule,
     check_design,
     sequential_test_error,
@@ -49,7 +51,7 @@ from pymc_minibatch_mh.core.common import (
     log_threshold,
     rejection,
 )
-from pymc_minibatch_mh.core.moments import RunningMoments
+from pymc_minibatch_mh.core.moments import RunningMoments, finite_population_factor
 from pymc_minibatch_mh.core.source import MinibatchSource
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "SequentialTestProperties",
     "adaptive_design",
     "austere_error_estimate",
+    "averaged_error",
+    "averaged_error_bound",
     "austere_nc_test",
     "austere_test",
     "batch_schedule",
@@ -100,6 +104,9 @@ class AustereOutcome(TestOutcome):
     design_feasible : bool
         Whether the design meets its error bound (always True for a fixed design; False
         when no design of an adaptive grid does, see :meth:`~.AustereDesignTable.choose`).
+    design_error : float
+        The error ``E(μ_std)`` of the whole sequential test at ``mu_std``, as the design
+        table gives it (AustereMH(nc) only; NaN otherwise).
 
     """
 
@@ -112,6 +119,7 @@ class AustereOutcome(TestOutcome):
     design_batch_size: int
     mu_std: float
     design_feasible: bool
+    design_error: float
 
 
 def _rejected(
@@ -123,6 +131,7 @@ def _rejected(
     *,
     mu_std: float = math.nan,
     feasible: bool = True,
+    design_error: float = math.nan,
     **counts: int | bool,
 ) -> AustereOutcome:
     """A rejection before (or instead of) a t-test: see :func:`~.common.rejection`."""
@@ -138,6 +147,7 @@ def _rejected(
         design_batch_size=design_batch_size,
         mu_std=mu_std,
         design_feasible=feasible,
+        design_error=design_error,
         **counts,
     )
 
@@ -156,6 +166,7 @@ def _sequential_t_test(
     extra: int,
     mu_std: float,
     feasible: bool,
+    design_error: float = math.nan,
 ) -> AustereOutcome:
     """Algorithm 1 of Korattikara et al. (2014) once ``u`` (hence μ0) is known."""
     n_total = source.n_total
@@ -173,8 +184,8 @@ def _sequential_t_test(
             # A −inf ratio is a zero likelihood (reject, not a fault); NaN/+inf are faults.
             return _rejected(
                 mean != -math.inf, mu0, mean, epsilon, batch_size, mu_std=mu_std,
-                feasible=feasible, batch_size=n, rounds=rounds, full_data=full_data,
-                extra_evaluations=extra,
+                feasible=feasible, design_error=design_error, batch_size=n, rounds=rounds,
+                full_data=full_data, extra_evaluations=extra,
             )
         diff = mean - mu0
         if full_data:
@@ -206,6 +217,7 @@ def _sequential_t_test(
             design_batch_size=batch_size,
             mu_std=mu_std,
             design_feasible=feasible,
+            design_error=design_error,
         )
 
 
@@ -276,41 +288,67 @@ def threshold_t_test(threshold: Callable[..., tuple[float, float]], rng: np.rand
     )
 
 
-def austere_error_estimate(outcome: AustereOutcome) -> float:
+def austere_error_estimate(outcome: AustereOutcome, n_total: int) -> float:
     """The step's estimate of the probability that its AustereMH test erred.
 
-    The one-sided p-value the sequential t-test stopped at: given the minibatch, about
-    the probability that the full-data mean lies on the other side of ``μ0`` (see
-    :func:`~pymc_minibatch_mh.core.acceptance_error.threshold_error_estimate`, which it
-    approximates).
+    Every look of the sequential test is accounted for, through the dynamic program of
+    :func:`~pymc_minibatch_mh.core.austere_error.sequential_test_error`:
+
+    - AustereMH(nc) (``mu_std`` known from its full pass): the design's error
+      ``E(μ_std)`` at the actual standardised mean (as tabulated for the design choice,
+      at the grid value at or below ``|μ_std|``, so never below ``E(μ_std)``): the
+      probability of a wrong decision given ``u``, not a bound;
+    - a fixed or conservative design (μ unknown): the bound
+      :func:`~pymc_minibatch_mh.core.austere_error.averaged_error_bound` of the error
+      averaged over ``u``, with the population standard deviation σ_l of the ratios
+      estimated from the rows used. It needs no estimate of μ: the density of
+      ``Δ − log u`` is at most 1 whatever Δ, and the bound takes the worst Δ.
+
+    Both hold under the Gaussian random-walk model of the looks (Korattikara et al.
+    2014, appendix A); the bound also takes σ_l as known. They replace the p-value the
+    test stopped at, which is a per-look figure: given the minibatch it is the
+    probability that μ lies on the other side of ``μ0`` only under a flat prior on μ,
+    and it ignores that the test looked at the data several times; the audit measured
+    it at about half the rate of wrong decisions.
 
     Parameters
     ----------
     outcome : AustereOutcome
         The test's outcome.
+    n_total : int
+        Population size N.
 
     Returns
     -------
     float
         0 when all N rows were used (the decision is exact), NaN when the test used no
-        rows (a non-finite data-free part), else the outcome's ``p_value`` (NaN if a
-        non-finite ratio stopped the test).
+        rows or a non-finite ratio stopped it, else the estimate above.
 
     Examples
     --------
     >>> import numpy as np
     >>> from pymc_minibatch_mh.core.source import ArraySource
     >>> rng = np.random.default_rng(0)
-    >>> source = ArraySource(rng.normal(0.5, 1.0, size=1000), rng=rng)
+    >>> source = ArraySource(rng.normal(0.05, 1.0, size=2000), rng=rng)
     >>> source.start_step()
-    >>> out = austere_test(rng, source, 0.0, batch_size=100, epsilon=0.05)
-    >>> austere_error_estimate(out) == out.p_value < 0.05
+    >>> out = austere_test(rng, source, 0.0, batch_size=50, epsilon=0.05)
+    >>> bool(austere_error_estimate(out, 2000) > out.p_value)
     True
 
     """
     if outcome.full_data:
         return 0.0
-    return outcome.p_value if outcome.batch_size else math.nan
+    if not outcome.batch_size or not math.isfinite(outcome.std_error):
+        return math.nan
+    if math.isfinite(outcome.mu_std):
+        return outcome.design_error
+    n = outcome.batch_size
+    # σ̂ (ddof = 1) from s = σ̂/√n · √(1 − (n − 1)/(N − 1)), then scale = N σ̂ / √(N − 1).
+    sd = outcome.std_error * math.sqrt(n / finite_population_factor(n, n_total))
+    return averaged_error_bound(
+        n_total * sd / math.sqrt(n_total - 1), outcome.design_batch_size, outcome.epsilon,
+        n_total,
+    )
 
 
 def standardised_mean(mean: float, mu0: float, std: float, n_total: int) -> float:
@@ -413,4 +451,5 @@ def austere_nc_test(
         extra=n_total,
         mu_std=mu_std,
         feasible=design.feasible,
+        design_error=design.error,
     )

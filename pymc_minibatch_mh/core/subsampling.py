@@ -14,16 +14,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from pymc_minibatch_mh.core import common
-from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
 from pymc_minibatch_mh.core.common import TestOutcome
 from pymc_minibatch_mh.core.moments import RunningMoments
 from pymc_minibatch_mh.core.source import MinibatchSource
 
-__all__ = ["MHSubLhdOutcome", "bernstein_bound", "mhsublhd_error_estimate", "mhsublhd_test"]
+__all__ = [
+    "MHSubLhdOutcome",
+    "bernstein_bound",
+    "check_budget",
+    "mhsublhd_error_estimate",
+    "mhsublhd_test",
+]
 
 
 @dataclass(slots=True)
@@ -257,12 +263,26 @@ def mhsublhd_test(
     )
 
 
-def mhsublhd_error_estimate(outcome: MHSubLhdOutcome, n_total: int) -> float:
-    """The step's estimate of the probability that its MHSubLhd test erred.
+def mhsublhd_error_estimate(
+    outcome: MHSubLhdOutcome,
+    n_total: int,
+    *,
+    batch_size: int,
+    delta: float,
+    gamma: float,
+    p: float,
+) -> float:
+    """The step's bound on the probability that its MHSubLhd test erred: its own guarantee.
 
-    :func:`~pymc_minibatch_mh.core.acceptance_error.threshold_error_estimate` of the
-    outcome's mean and threshold ψ, with the standard deviation turned from the test's
-    ``ddof = 0`` (the empirical Bernstein bound's) into the sample one (``ddof = 1``).
+    The test errs only if, at the check where it stops, ``l̄`` and μ lie on different
+    sides of ψ, which needs ``|l̄ − μ| > c_k`` at some check ``k``. The empirical
+    Bernstein bound makes each of these events at most ``δ_k`` likely, so the error over
+    the whole sequence of checks, every look included, is at most ``Σ_k δ_k`` over the
+    checks the schedule can make before it reaches all N rows (fewer than δ; see
+    :func:`check_budget`). It is a bound, not an estimate: it holds for every
+    ``(θ, θ′, u)`` when ``C_{θ,θ′}`` bounds the range of the ratios (always with the
+    default full pass; a user's ``range_bound`` must be a true bound), and it is far
+    above the actual error (the Bernstein bound is loose).
 
     Parameters
     ----------
@@ -270,12 +290,14 @@ def mhsublhd_error_estimate(outcome: MHSubLhdOutcome, n_total: int) -> float:
         The test's outcome.
     n_total : int
         Population size N.
+    batch_size, delta, gamma, p
+        The test's settings (initial b, δ, γ, p).
 
     Returns
     -------
     float
-        The estimate: 0 at full data, NaN when a value is not finite or fewer than two
-        rows were used.
+        0 at full data (the decision is exact), NaN when the test used no rows or a
+        non-finite value stopped it, else the bound.
 
     Examples
     --------
@@ -285,10 +307,48 @@ def mhsublhd_error_estimate(outcome: MHSubLhdOutcome, n_total: int) -> float:
     >>> source = ArraySource(rng.uniform(size=1000), rng=rng)
     >>> source.start_step()
     >>> out = mhsublhd_test(rng, source, 0.0, batch_size=100, range_bound=1.0)
-    >>> 0.0 <= mhsublhd_error_estimate(out, 1000) < 0.01
+    >>> settings = dict(batch_size=100, delta=0.01, gamma=1.5, p=2.0)
+    >>> mhsublhd_error_estimate(out, 1000, **settings) == check_budget(1000, **settings)
     True
 
     """
-    n = outcome.batch_size
-    std = outcome.std * (n / (n - 1.0)) ** 0.5 if n > 1 else math.nan  # ddof = 1
-    return threshold_error_estimate(outcome.mean, outcome.psi, std, n, n_total)
+    if outcome.full_data:
+        return 0.0
+    if not outcome.batch_size or not math.isfinite(outcome.bound):
+        return math.nan
+    return check_budget(n_total, batch_size=batch_size, delta=delta, gamma=gamma, p=p)
+
+
+@lru_cache(maxsize=64)
+def check_budget(n_total: int, *, batch_size: int, delta: float, gamma: float, p: float) -> float:
+    """``Σ_k δ_k`` over the checks MHSubLhd can make before it has all N rows.
+
+    Parameters
+    ----------
+    n_total : int
+        Population size N.
+    batch_size, delta, gamma, p
+        Initial b, total error δ, growth factor γ and exponent p of the split
+        ``δ_k = δ (p − 1) / (p k^p)``.
+
+    Returns
+    -------
+    float
+        The sum over the checks ``k`` at ``n_k < N`` along the schedule
+        ``n_1 = min(b, N)``, ``n_{k+1} = min(N, max(n_k + 1, ⌈γ n_k⌉))`` (a check at
+        ``n = N`` is exact and cannot err); 0 if the first minibatch is all the data.
+
+    Examples
+    --------
+    >>> round(check_budget(10**6, batch_size=50, delta=0.01, gamma=1.5, p=2.0), 5)
+    0.00803
+
+    """
+    n = min(batch_size, n_total)
+    k = 0
+    total = 0.0
+    while n < n_total:
+        k += 1
+        total += delta * (p - 1.0) / (p * k**p)
+        n = min(n_total, max(n + 1, math.ceil(gamma * n)))
+    return total

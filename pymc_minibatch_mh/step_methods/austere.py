@@ -55,7 +55,12 @@ class AustereMH(MinibatchStep):
     Test-specific sample stats: ``mean_ratio`` (l̄), ``mu0``, ``t_statistic``,
     ``p_value``, ``design_epsilon``, ``design_batch_size``, ``mu_std`` (adaptive design
     only, else NaN) and ``design_feasible``. The acceptance test is Metropolis', so the
-    ``accept`` stat is the 0/1 decision.
+    ``accept`` stat is the 0/1 decision. ``error_estimate`` accounts for every look of
+    the sequential test (:func:`~pymc_minibatch_mh.core.austere.austere_error_estimate`):
+    with the adaptive design, the error of the whole test at the actual standardised
+    mean; with a fixed or conservative design, an upper bound (the worst proposal with
+    the step's spread of ratios, averaged over ``u``). ``p_value`` is the last look's
+    alone and understates the error.
 
     References
     ----------
@@ -124,6 +129,10 @@ class AustereMH(MinibatchStep):
             self._table = austere.design_table(
                 n, self.error_bound, self.batch_sizes, self.epsilons
             )
+        if self.design != "adaptive" and n > 1:
+            # Tabulate the error estimate's bound now (cached per design and N, 1-3 s),
+            # not in the first step.
+            austere.averaged_error_bound(1.0, self.batch_size, self.epsilon, n)
         self._design_n = n
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> AustereOutcome:
@@ -136,7 +145,7 @@ class AustereMH(MinibatchStep):
         )
 
     def _error_estimate(self, outcome: AustereOutcome) -> float:
-        return austere.austere_error_estimate(outcome)
+        return austere.austere_error_estimate(outcome, self._n_rows)
 
     def _test_stat_values(self, outcome: AustereOutcome) -> dict[str, Any]:
         return {

@@ -59,7 +59,9 @@ class MHSubLhd(MinibatchStep):
     Notes
     -----
     Test-specific sample stats: ``psi`` (ψ), ``mean_ratio`` (l̄), ``bound`` (the last
-    c_k), ``delta_k`` and ``range_bound`` (C_{θ,θ'}).
+    c_k), ``delta_k`` and ``range_bound`` (C_{θ,θ'}). ``error_estimate`` is the test's own
+    guarantee, a bound on the probability of a wrong decision over the whole sequence of
+    checks (:func:`~pymc_minibatch_mh.core.subsampling.mhsublhd_error_estimate`; below δ).
 
     References
     ----------
@@ -125,7 +127,10 @@ class MHSubLhd(MinibatchStep):
         )
 
     def _error_estimate(self, outcome: MHSubLhdOutcome) -> float:
-        return mhsublhd_error_estimate(outcome, self._n_rows)
+        return mhsublhd_error_estimate(
+            outcome, self._n_rows, batch_size=self.batch_size, delta=self.delta,
+            gamma=self.gamma, p=self.p,
+        )
 
     def _test_stat_values(self, outcome: MHSubLhdOutcome) -> dict[str, Any]:
         return {
