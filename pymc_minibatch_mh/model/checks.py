@@ -1,7 +1,7 @@
 """The checks that refuse models a minibatch step cannot split, and the split's validation.
 
-Every refusal is a :class:`~pymc_minibatch_mh.errors.ModelNotSupportedError` whose message says what is wrong and
-what to do.
+Every refusal is a :class:`~pymc_minibatch_mh.errors.ModelNotSupportedError` whose message
+says what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -16,12 +16,19 @@ from numpy.typing import NDArray
 from pymc.vartypes import discrete_types
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
-from pytensor.graph.traversal import graph_inputs
+from pytensor.graph.traversal import ancestors, graph_inputs
 
 from pymc_minibatch_mh.core.common import check_batch_size  # the one rule, re-exported
 from pymc_minibatch_mh.errors import ModelNotSupportedError
-from pymc_minibatch_mh.model.graph import has_op, leading_length, observed_source
+from pymc_minibatch_mh.model.graph import (
+    has_op,
+    is_data,
+    is_shape_constant,
+    leading_length,
+    observed_source,
+)
 from pymc_minibatch_mh.model.internals import MINIBATCH_OPS
+from pymc_minibatch_mh.store.row_store import data_value
 
 __all__ = [
     "check_batch_size",
@@ -58,6 +65,17 @@ def check_variables(
 def check_observed(model: pm.Model, observed: Sequence[Variable], step_name: str) -> None:
     """Refuse models without observed rows to subsample, or with rows PyMC treats specially."""
     if not observed:
+        with_data = [_potential_label(pot) for pot in model.potentials
+                     if any(is_data(v) for v in graph_inputs([pot]))]
+        if with_data:
+            raise ModelNotSupportedError(
+                f"The model has no observed variables: its likelihood is written as the "
+                f"Potential {', '.join(with_data)}, which uses data arrays and is one term "
+                f"over all rows, so {step_name} cannot subsample it. Write the likelihood "
+                "as an observed variable with one term per row: a distribution with "
+                "observed=..., or pm.CustomDist(..., logp=..., observed=...) for a "
+                "log-likelihood of your own."
+            )
         raise ModelNotSupportedError(
             f"The model has no observed variables, so {step_name} has no data to "
             "subsample. Pass observed=... to the likelihood, or use pm.Metropolis or "
@@ -128,18 +146,51 @@ def observed_length(names: Sequence[str], data: Sequence[Variable]) -> int:
         )
     return n
 
-def check_potentials(model: pm.Model, replacements: Mapping[Variable, Any]) -> None:
-    """Refuse Potentials that use the per-row data."""
-    for pot in model.potentials:
-        used = [v for v in graph_inputs([pot]) if v in replacements]
-        if used:
-            raise ModelNotSupportedError(
-                f"The Potential {pot.name!r} uses the observed data or covariates, so it "
-                "would be evaluated on all rows at every step. Write that term as an "
-                "observed variable (e.g. pm.CustomDist with observed=...) so it can be "
-                "split per observation."
-            )
+def _potential_label(pot: Variable) -> str:
+    """A Potential as a message names it: its name, or its expression if it has none."""
+    return repr(pot.name) if pot.name else f"(unnamed: {pot})"
 
+
+def _data_label(var: Variable) -> str:
+    if isinstance(var, SharedVariable) and var.name:
+        return repr(var.name)
+    return f"a NumPy array of shape {data_value(var).shape}"
+
+
+def check_potentials(model: pm.Model, replacements: Mapping[Variable, Any], n_rows: int) -> None:
+    """Refuse Potentials that use the per-row data, naming the Potential and what it uses.
+
+    A Potential is in the data-free part, evaluated whole at every step. It is refused
+    when its graph (through Deterministics too) uses the likelihood's per-row data, any
+    other array of N rows (a covariate only the Potential uses, a NumPy copy of the
+    observed data), or an observed variable (whose value is its data).
+    """
+    observed = set(model.observed_RVs)
+    for pot in model.potentials:
+        inputs = list(graph_inputs([pot]))
+        used = [v for v in inputs if v in replacements]
+        rows = [v for v in inputs
+                if v not in replacements and is_data(v) and leading_length(v) == n_rows]
+        observed_used = [v.name for v in ancestors([pot]) if v in observed]
+        if observed_used:
+            what = f"the observed variable {observed_used} (whose value is the observed data)"
+        elif used:
+            data = [_data_label(v) for v in used if is_data(v)
+                    and not (isinstance(v, Constant) and is_shape_constant(v, n_rows))]
+            what = "the observed data or covariates" + (
+                f" ({', '.join(data)})" if data else " (their number of rows)")
+        elif rows:
+            what = (f"an array of N = {n_rows} rows, the length of the observed data "
+                    f"({', '.join(_data_label(v) for v in rows)})")
+        else:
+            continue
+        raise ModelNotSupportedError(
+            f"The Potential {_potential_label(pot)} uses {what}, so it would be evaluated "
+            f"on all {n_rows} rows at every step. Write that term as an observed variable "
+            "(e.g. pm.CustomDist with observed=...) so it can be split per observation; if "
+            "it is a prior term, compute what it needs from the data beforehand and pass "
+            "that (a number or a short array) instead."
+        )
 
 
 def _validation_points(

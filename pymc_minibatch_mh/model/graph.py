@@ -15,6 +15,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.scalar.basic import Cast as ScalarCast
+from pytensor.tensor.basic import Alloc, AllocEmpty
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 
@@ -92,15 +93,66 @@ def _drop_specify_shape(node: Any, new_inputs: list[Variable]) -> Variable | Non
     return new_inputs[0] if isinstance(node.op, SpecifyShape) else None
 
 
-def clone_replace(outputs: Any, replace: Mapping[Variable, Variable]) -> Any:
+#: Position of the leading length among the inputs of the Ops that build an array of a
+#: given shape (``pt.zeros``, ``pt.ones``, ``pt.full``, ``pt.alloc``, ``pt.broadcast_to``,
+#: ``pt.empty``).
+_ALLOC_LEADING_INPUT = {Alloc: 1, AllocEmpty: 0}
+
+
+def _rows_rule(n: int, length: Variable) -> Callable[[Any, list[Variable]], Variable | None]:
+    """A node rule: drop SpecifyShape, and let arrays allocated with N rows have ``length``."""
+
+    def rule(node: Any, new_inputs: list[Variable]) -> Variable | None:
+        if isinstance(node.op, SpecifyShape):
+            return new_inputs[0]
+        position = _ALLOC_LEADING_INPUT.get(type(node.op))
+        if position is None or len(new_inputs) <= position:
+            return None
+        dim = new_inputs[position]
+        if not (isinstance(dim, Constant) and dim.ndim == 0 and int(dim.data) == n):
+            return None
+        inputs = list(new_inputs)
+        inputs[position] = length
+        return node.op(*inputs)
+
+    return rule
+
+
+def clone_replace(
+    outputs: Any,
+    replace: Mapping[Variable, Variable],
+    *,
+    rows: tuple[int, Variable] | None = None,
+) -> Any:
     """Rebuild ``outputs`` with ``replace`` applied, letting types change, without SpecifyShape.
 
     Like ``pytensor.graph.replace.clone_replace(..., rebuild_strict=False)``, but every
     ``SpecifyShape`` node is dropped: PyMC's log-probability graphs pin the static length
     of the observed data (N), which no longer holds once the data are row batches.
+
+    Parameters
+    ----------
+    outputs : Variable or sequence of Variable
+        The graphs to rebuild.
+    replace : dict
+        Variables and their replacements.
+    rows : tuple of (int, Variable), optional
+        ``(N, length)``: arrays allocated with a leading length of the constant N
+        (``pt.zeros((X.shape[0], 1))``, ``pt.ones(N)``, ``pt.full``, ``pt.broadcast_to``)
+        are allocated with ``length`` rows instead. PyMC's log-probability graphs fold
+        ``X.shape[0]`` of a NumPy ``X`` into the constant N, so this is how such a column
+        follows a row batch; a graph in which the constant means something else is caught
+        by :func:`~pymc_minibatch_mh.model.checks.validate_split`.
+
+    Returns
+    -------
+    Variable or list of Variable
+        The rebuilt graphs (one variable for one variable).
+
     """
     single = isinstance(outputs, Variable)
-    result = _rebuild([outputs] if single else list(outputs), replace, _drop_specify_shape)
+    rule = _drop_specify_shape if rows is None else _rows_rule(*rows)
+    result = _rebuild([outputs] if single else list(outputs), replace, rule)
     return result[0] if single else result
 
 

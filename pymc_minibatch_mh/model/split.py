@@ -4,7 +4,8 @@ The model's observed variables must share a leading observation dimension of len
 :func:`split_model` rewrites their elementwise log-likelihood graphs once so that the
 observed data and every covariate of length N (``pm.Data`` or NumPy constants) become
 symbolic *row batches* (inputs with a free leading length), the observation dimension's
-length becomes the batch length, the sampled variables are read from one flat float64
+length becomes the batch length (arrays allocated with N rows, such as a baseline column
+``pt.zeros((X.shape[0], 1))``, too), the sampled variables are read from one flat float64
 vector and all other free variables from shared variables set at each step. The compiled
 functions (:mod:`~pymc_minibatch_mh.model.likelihood`) then take the rows themselves,
 handed out by the row store (:mod:`~pymc_minibatch_mh.store.row_store`), the only owner of
@@ -159,7 +160,7 @@ def split_model(
     n = observed_length(observed_names, observed_data)
 
     # Every length-N data array becomes a row batch; the observation dimension's length
-    # (RV sizes, dim lengths) becomes the batch length.
+    # (RV sizes, dim lengths, arrays allocated with N rows) becomes the batch length.
     row_vars: list[Variable] = []
     batches: list[Variable] = []
     for var in graph_inputs(terms):
@@ -195,7 +196,7 @@ def split_model(
     other_repl = make_shared_replacements(point, list(value_vars), model)
     other_shared = {var.name: shared for var, shared in other_repl.items()}
 
-    sliced = clone_replace(list(terms), replacements)
+    sliced = clone_replace(list(terms), replacements, rows=(n, n_batch))
     row_loglik = _per_row(clone_replace(sliced, {**value_repl, **other_repl}))
     full_loglik = _per_row(clone_replace(list(terms), {**value_repl, **other_repl}))
 
@@ -203,7 +204,7 @@ def split_model(
     prior_terms = list(model.free_RVs) + list(model.potentials)
     prior = model.logp(vars=prior_terms, sum=True, jacobian=True) if prior_terms else None
     if prior is not None:
-        check_potentials(model, replacements)
+        check_potentials(model, replacements, n)
         prior = clone_replace(prior, {**value_repl, **other_repl})
     else:
         prior = pt.constant(0.0, dtype="float64")

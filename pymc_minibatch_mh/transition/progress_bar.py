@@ -3,6 +3,15 @@
 Each column shows a number the step used: the running mean batch size, the acceptance
 rate, and the proposal's tuned parameter (its scale where it has one, else the step size
 it adapted itself).
+
+The ``epsilon`` stat is deliberately not a column. It is the paper's worst-case bound on
+the distance between the law of Δ* and the normal law (Novak's inequality), never below
+6.4/√b and about 11.8/√b even for exactly normal ratios, so it is above 1 at the usual
+batch sizes while the step's error is small: shown live, it would alarm for nothing. The
+error to read is the ``error_estimate`` stat (the estimated error of each step's
+acceptance probability) and, to measure it, the audit (``audit_every=``,
+:func:`~pymc_minibatch_mh.audit_summary`); see the guide pages "Sample
+stats" and "How wrong can it be?".
 """
 
 from __future__ import annotations
