@@ -238,3 +238,73 @@ def test_skew_correction(tmp_path):
     for row in result["rows"]:
         for label in ("plain", "skew"):
             assert np.isfinite(row[label]["max_error"]) and row[label]["se"] > 0
+
+
+@needs_mnist
+def test_austerity_logistic(tmp_path):
+    module = _example("austerity_logistic")
+    result = module.main([
+        "--n-train", "600", "--n-test", "100", "--dims", "5", "--chains", "3",
+        "--seconds", "0.3", "--audit-draws", "100", "--nuts-draws", "100", "--nuts-tune", "100",
+        "--nuts-chains", "2", "--epsilons", "0.1", "--fig2-epsilons", "0.05", "0.2",
+        "--batch-size", "50", "--pilot-draws", "50", "--taylor-tune", "50",
+        "--out", str(tmp_path),
+    ])
+    for path in result["files"].values():
+        _written(Path(path))
+    assert result["n_train"] == 600 and result["n_test"] == 100 and result["dims"] == 5
+    audit = result["audit"]
+    assert audit["exact MH (ε = 0)"]["data_share"] == 1.0
+    # The audit decided every step again on all rows; a larger ε uses less data.
+    small, large = audit["AustereMH ε = 0.05"], audit["AustereMH ε = 0.2"]
+    assert small["audited"] == large["audited"] == 100
+    assert 50 / 600 <= large["data_share"] < small["data_share"] < 1.0
+    assert 0.0 <= small["wrong_low"] <= small["wrong"] <= small["wrong_high"] <= 1.0
+    assert set(result["risk"]) == {"exact MH (ε = 0)", "AustereMH ε = 0.1",
+                                   "MinibatchBarker (random walk)",
+                                   'MinibatchBarker(control_variate="taylor")'}
+    # every setting has a risk curve (NaN only where its chains did not run)
+    for curve in result["risk"].values():
+        assert np.isfinite(curve).any() and np.nanmin(curve) >= 0
+    assert result["reference"]["floor"] > 0 and "Figure 2" in result["table"]
+    # the data of section 5.1, and the PCA: the test rows are projected like training rows
+    from pymc_minibatch_mh.datasets import load_mnist_pair
+
+    data = load_mnist_pair(7, 9)
+    assert (data.n_train, data.n_test, int((data.y_train == 1).sum())) == (12_214, 2_037, 6_265)
+    with pytest.raises(ValueError, match="two different digits"):
+        load_mnist_pair(7, 7)
+    x = np.asarray(data.x_train[:300], dtype=np.float64)
+    z, z_again, explained = module.pca_features(x, x[:7], 4)
+    np.testing.assert_allclose(z_again, z[:7], atol=1e-10)
+    eigenvalues = np.linalg.eigvalsh(np.cov(x, rowvar=False, bias=True))[::-1]
+    np.testing.assert_allclose(z.var(axis=0), eigenvalues[:4], rtol=1e-8)
+    assert explained == pytest.approx(eigenvalues[:4].sum() / eigenvalues.sum())
+    with pytest.raises(SystemExit):
+        module.parse_args(["--epsilons", "0"])
+    with pytest.raises(SystemExit):
+        module.parse_args(["--methods", "nuts"])
+
+
+def test_austerity_ica(tmp_path):
+    module = _example("austerity_ica")
+    result = module.main([
+        "--n-rows", "3000", "--chains", "2", "--seconds", "0.5", "--reference-seconds", "1",
+        "--reference-tune", "50", "--epsilons", "0.1", "--out", str(tmp_path),
+    ])
+    for path in result["files"].values():
+        _written(Path(path))
+    assert set(result["methods"]) == {"exact", "austere-0.1", "barker"}
+    assert result["methods"]["exact"]["data_fraction"] == 1.0
+    assert result["methods"]["austere-0.1"]["data_fraction"] < 1.0
+    assert 0.0 < result["reference"]["value"] < 1.0 and result["reference"]["mcse"] > 0
+    for method in result["methods"].values():
+        assert np.nanmin(method["risk"]) >= 0 and method["draws_per_chain"] > 0
+    # the Amari distance: 0 at W0 up to signed row permutations, in [0, 1]
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(4, 4))
+    perm = np.diag([1.0, -2.0, 0.5, 3.0])[[2, 0, 3, 1]]
+    assert module.amari_distance(perm @ w0, w0) == pytest.approx(0.0, abs=1e-12)
+    assert 0.0 < module.amari_distance(rng.normal(size=(4, 4)), w0) <= 1.0
+    with pytest.raises(SystemExit):
+        module.parse_args(["--epsilons", "0.6"])

@@ -16,6 +16,7 @@ from pymc_minibatch_mh.datasets.mnist import (
     MNISTOneSeven,
     augmented_mnist,
     load_mnist_1_vs_7,
+    load_mnist_pair,
     mnist_data_path,
     mnist_logistic_model,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "gaussian_mixture_data",
     "gaussian_mixture_model",
     "load_mnist_1_vs_7",
+    "load_mnist_pair",
     "log_posterior_grid",
     "mnist_data_path",
     "mnist_logistic_model",

@@ -13,6 +13,7 @@ from pymc_minibatch_mh.proposals.gradient import SurrogateHMCProposal, Surrogate
 from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
 from pymc_minibatch_mh.proposals.random_walk import RandomWalkProposal
 from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
+from pymc_minibatch_mh.proposals.stiefel import StiefelRandomWalk
 from pymc_minibatch_mh.proposals.surrogate import GaussianSurrogate, SurrogatePosterior
 from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
 
@@ -24,6 +25,7 @@ __all__ = [
     "ProposalInfo",
     "ProposalState",
     "RandomWalkProposal",
+    "StiefelRandomWalk",
     "StochasticLangevinProposal",
     "SurrogateHMCProposal",
     "SurrogateLangevinProposal",

@@ -76,6 +76,7 @@ PROPOSAL_CODES: dict[str, int] = {
     "surrogate_transition": 5,
     "surrogate_nuts": 6,
     "blackjax_nuts": 7,
+    "stiefel_random_walk": 8,
 }
 
 
