@@ -602,7 +602,10 @@ def test_error_map_not_converged(monkeypatch):
             MinibatchBarker(control_variate="taylor")
 
 
-def test_error_data_changed_after_build():
+def test_data_changed_after_build_is_followed():
+    """pm.set_data after the build: the next chain start repeats the set-up (here the pass
+    at the user's reference: G = Σ(x_i − 0) on the new data); the estimator alone still
+    refuses data it was not set up on (tests/test_set_data_setup.py checks the draws)."""
     x = np.random.default_rng(17).normal(size=300)
     with pm.Model() as model:
         xd = pm.Data("xd", x)
@@ -610,10 +613,20 @@ def test_error_data_changed_after_build():
         pm.Normal("x", mu, 1.0, observed=xd)
         step = MinibatchBarker(control_variate="taylor", reference={"mu": 0.0})
     step._start_chain(np.random.default_rng(0))  # unchanged data: fine
+    cv = step.control_variate
+    assert cv.setups == 1
+    np.testing.assert_allclose(cv.reference.gradient, [x.sum()], rtol=1e-12)
     with model:
         pm.set_data({"xd": x + 1.0})
-    with pytest.raises(ControlVariateError, match="changed since"):
-        step._start_chain(np.random.default_rng(0))
+    step._start_chain(np.random.default_rng(0))
+    assert cv.setups == 2
+    np.testing.assert_allclose(cv.reference.gradient, [x.sum() + 300.0], rtol=1e-12)
+    np.testing.assert_allclose(cv.reference.theta, [0.0])
+    with model:
+        pm.set_data({"xd": x[:120] - 1.0})
+    step.likelihood.n_rows()  # the store reads the new data; follow_data() not called
+    with pytest.raises(ControlVariateError, match="changed since.*follow_data"):
+        cv.start_chain(np.random.default_rng(0), 50)
 
 
 # --------------------------------------------------------------------------- slow

@@ -12,9 +12,9 @@ Bonferroni-corrected over the parameters of a model. A deliberately biased test 
 scaled, see :func:`biased_noise`) must fail the same test. Results:
 docs/guide/calibration.md.
 
-Each replication builds the step again: its control variates belong to the data it was
-built with (a changed data set is refused), and the build (compilation and MAP search,
-about 3 s) dominates the run time.
+Each replication builds the step again (a step kept from one replication to the next
+would repeat its control variates' set-up on the new data at the chain start), and the
+build (compilation and MAP search, about 3 s) dominates the run time.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
     :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` (``reference``,
     ``recenter``, the attribute ``reference``, ``reference_point()``,
     ``laplace_covariance()``, ``setup_evaluations``, ``map_decrement``,
-    refusal of changed data at chain start); see the module docstring for the
+    :meth:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator.follow_data`, which here
+    also selects the exact set again); see the module docstring for the
     expansion and the rule for the reference point.
 
     Parameters
@@ -286,6 +287,14 @@ class PredictorTaylorEstimator(TaylorEstimator):
             [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
         )
         return direct_call(fn)
+
+    def _rebuild(self) -> None:
+        """Select the exact set on the new data and compile the per-step function again.
+
+        The exact set's rows are constants of the per-step function (and of the surrogate
+        posterior's graph, which the step builds again): they belong to the old data.
+        """
+        self.fn = self._compile_delta(self.likelihood.graphs)
 
     def _exact_set(self) -> tuple[Any, NDArray[np.int64]] | None:
         """The exact set E (see the module docstring): ``(1[i ∈ E] graph, positions)``.

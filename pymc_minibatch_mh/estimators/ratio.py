@@ -166,6 +166,14 @@ class RatioEstimator:
         self.n_total = self.store.n_rows
         self.policy.reset(batch_size)
 
+    def follow_data(self) -> bool:
+        """Repeat the estimator's set-up if the data changed (a chain start; a hook).
+
+        Returns whether it did; the plain ratios have no set-up (their rows are read
+        afresh at each chain start), so never.
+        """
+        return False
+
     def maybe_recenter(self, x: NDArray[np.float64]) -> int:
         """Move the estimator's reference towards ``x`` if it has one (tuning only).
 

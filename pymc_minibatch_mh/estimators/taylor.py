@@ -28,11 +28,15 @@ How each part is computed:
   d = 50) for no gain.
 
 The rows evaluated while building the estimator (every pass of the MAP search and the
-pass at θ̂) are counted in :attr:`TaylorEstimator.setup_evaluations`; the estimator
+pass at θ̂) are counted in ``setup_evaluations``; the estimator
 is built once, when the step is built, and shared by all chains, so it appears in no
-chain's sample stats. Re-centring (optional, during tuning only, see
-:meth:`TaylorEstimator.maybe_recenter`) makes one more pass, counted in the step's
-``extra_evaluations`` stat and flagged in its ``recentered`` stat; a re-centring whose
+chain's sample stats. When the data change (``pm.set_data``, or a changed ``data=``
+store), :meth:`TaylorEstimator.follow_data` repeats that set-up on the new data (the step
+calls it at the next chain start; see
+:meth:`~pymc_minibatch_mh.transition.step.MinibatchStepBase.follow_data`).
+Re-centring (optional, during tuning only, see :meth:`TaylorEstimator.maybe_recenter`)
+makes one more pass, counted in the step's ``extra_evaluations`` stat and flagged in its
+``recentered`` stat; a re-centring whose
 pass fails (non-finite derivatives at the state) keeps θ̂, is counted in
 :attr:`TaylorEstimator.recenter_failures` and warned about once per chain.
 """
@@ -131,7 +135,7 @@ class TaylorEstimator(RatioEstimator):
                  "_gradient",
                  "_hessian", "recenterings", "recenter_failures", "_recenter_warned",
                  "map_evaluations", "setup_evaluations", "initial_reference", "reference",
-                 "_data")
+                 "_data", "_reference_flat", "setups")
 
     def __init__(
         self,
@@ -154,7 +158,8 @@ class TaylorEstimator(RatioEstimator):
         self.recenter_threshold = None if recenter is None else float(recenter)
         self._check_other_variables()
         self.passes = passes = self._make_passes()
-        x_ref = None if reference is None else passes.reference_flat(reference)
+        # The user's θ̂ (flat), or None: the MAP, searched at every set-up.
+        self._reference_flat = None if reference is None else passes.reference_flat(reference)
         d = likelihood.point_map.size
         self.dim = d
         self._theta = pytensor.shared(np.zeros(d), name="cv_theta_hat")
@@ -165,17 +170,29 @@ class TaylorEstimator(RatioEstimator):
         #: Re-centrings whose pass failed (θ̂ kept), over all chains of this process.
         self.recenter_failures = 0
         self._recenter_warned = False
-        if reference is None:
+        #: Set-ups made on the data as they were (1: the one at build; one more per change
+        #: of the data followed, see :meth:`follow_data`).
+        self.setups = 0
+        self._set_up()
+
+    def _set_up(self) -> None:
+        """θ̂ and the full-data sums at θ̂ on the current data, and the data's snapshot.
+
+        θ̂ is the MAP (searched from the initial point) or the user's reference.
+        """
+        passes, likelihood = self.passes, self.likelihood
+        before = passes.evaluations
+        if self._reference_flat is None:
             x0 = likelihood.point_map.to_flat(likelihood.initial_point)
             ref = passes.find_map(x0, strict=self._strict_map)
         else:
-            ref = passes.reference_at(x_ref, what="reference point")
-        #: Rows evaluated by the MAP search, its last pass being the pass at θ̂ (0 with a
-        #: user reference).
-        self.map_evaluations = passes.evaluations if reference is None else 0
-        #: Rows evaluated while building the estimator (MAP search and the pass at θ̂).
-        self.setup_evaluations = passes.evaluations
-        #: The reference built with the step; each chain starts from it.
+            ref = passes.reference_at(self._reference_flat, what="reference point")
+        #: Rows evaluated by the MAP search of the last set-up, its last pass being the pass
+        #: at θ̂ (0 with a user reference).
+        self.map_evaluations = passes.evaluations - before if self._reference_flat is None else 0
+        #: Rows evaluated by the last set-up (MAP search and the pass at θ̂), on its data.
+        self.setup_evaluations = passes.evaluations - before
+        #: The reference of the last set-up; each chain starts from it.
         self.initial_reference: TaylorReference = ref
         self.reference: TaylorReference = ref
         if self.recenter_threshold is not None:
@@ -187,6 +204,40 @@ class TaylorEstimator(RatioEstimator):
                 ) from None
         self._set_reference(ref)
         self._data = self.store.snapshot()
+        self.setups += 1
+
+    def follow_data(self) -> bool:
+        """Repeat the set-up if the data changed since the last one (call at a chain start).
+
+        The row store must have read the current data (``likelihood.n_rows()``) before. The
+        MAP search (or the pass at the user's reference), G and H are computed again on the
+        new data, and whatever else of the estimator depends on the data (``_rebuild``);
+        re-centrings of earlier chains are forgotten. Unchanged data: nothing is done.
+
+        Returns
+        -------
+        bool
+            Whether the set-up was repeated.
+
+        Raises
+        ------
+        ControlVariateError
+            As when the step is built: a MAP search that does not converge on the new data,
+            or non-finite derivatives at the reference point.
+
+        """
+        if not self.store.changed_since(self._data):
+            return False
+        self._rebuild()
+        self._set_up()
+        return True
+
+    def _rebuild(self) -> None:
+        """Rebuild what depends on the data besides θ̂, G and H (a hook; here: nothing).
+
+        The per-step function reads θ̂, G and H from shared variables and the rows as
+        inputs, so it holds nothing of the old data.
+        """
 
     def _make_passes(self) -> TaylorPasses:
         """The full-data passes (MAP search, sums at θ̂) of this expansion."""
@@ -257,23 +308,23 @@ class TaylorEstimator(RatioEstimator):
         self._hessian.set_value(np.array(ref.hessian), borrow=False)
 
     def start_chain(self, rng: np.random.Generator, batch_size: int) -> None:
-        """Start a chain from the reference built with the step; refuse changed data.
+        """Start a chain from the reference of the last set-up; refuse data it does not fit.
 
         Raises
         ------
         ControlVariateError
-            If the observed data or covariates were replaced (``pm.set_data``) since the
-            step was built: G and H belong to the old data.
+            If the observed data or covariates changed since the last set-up and
+            :meth:`follow_data` was not called (a step calls it at each chain start).
 
         """
         super().start_chain(rng, batch_size)
         changed = self.store.changed_since(self._data)
         if changed:
             raise ControlVariateError(
-                f"The data {changed[0]!r} changed since this {self.step_name} was built "
-                "(pm.set_data, or the array given with data=). The control variates' "
-                f"full-data sums belong to the old data: build the {self.step_name} again "
-                "after changing data."
+                f"The data {changed[0]!r} changed since the control variates' set-up "
+                "(pm.set_data, or the array given with data=): their full-data sums belong "
+                "to the old data. Call follow_data() before start_chain() (a step does it at "
+                "every chain start)."
             )
         if self.reference is not self.initial_reference:
             self._set_reference(self.initial_reference)
@@ -298,7 +349,7 @@ class TaylorEstimator(RatioEstimator):
         breaks detailed balance for the chain as a whole; during tuning that does not
         matter (those draws are discarded and the kernel is fixed from the end of tuning
         on), afterwards it would. The step methods therefore call this during tuning
-        only. Each chain starts from the reference built with the step, so results do
+        only. Each chain starts from the reference of the last set-up, so results do
         not depend on how chains are distributed over processes.
 
         A re-centring whose pass fails (the log-likelihood or its derivatives are not

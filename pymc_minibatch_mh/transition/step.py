@@ -31,6 +31,7 @@ declaration and extraction of its own stats;
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -74,6 +75,8 @@ from pymc_minibatch_mh.transition.rows_watch import RowsWatch, grinding_message
 from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 
 __all__ = ["MinibatchStep", "MinibatchStepBase", "MinibatchStepBaseState", "MinibatchStepState"]
+
+_log = logging.getLogger("pymc_minibatch_mh")
 
 
 @dataclass_state
@@ -235,7 +238,9 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
             #: control variates the MAP search and full-data passes).
             self.setup_seconds = time.perf_counter() - started
             #: Full passes over the data made while building (with control variates: the MAP
-            #: search and the pass at θ̂; the validation of the split uses a few rows only).
+            #: search and the pass at θ̂; the validation of the split uses a few rows only),
+            #: plus those of each set-up repeated on changed data (:meth:`follow_data`),
+            #: each in passes over the data it was made on.
             self.setup_passes = (
                 getattr(self.estimator, "setup_evaluations", 0) / self.likelihood.n_rows_initial
             )
@@ -289,11 +294,53 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         self._inv_temperature = np.array(1.0 / self._temperature)
 
     # ------------------------------------------------------------- chain hooks
+    def follow_data(self) -> bool:
+        """Read the data as they are now; repeat the set-up that belongs to older data.
+
+        Called at every chain start. The row store reads the current data (after
+        ``pm.set_data``, or a changed ``data=`` store, at any N); if the estimator's set-up
+        (with control variates: the MAP search and the full-data sums at θ̂) was made on
+        other data, it is made again, and what was built on it (``_data_followed``:
+        the surrogate posterior and the proposal). That is logged (logger
+        ``pymc_minibatch_mh``, level INFO) and added to :attr:`setup_passes` and
+        :attr:`setup_seconds`. It runs once per change of the data: the chains that follow
+        share it, and :meth:`progress_bar_columns` calls it when ``pm.sample`` starts, in
+        its own process, before it sends the step to worker processes (``cores > 1``).
+        The set-up is deterministic, so a chain's draws do not depend on where it ran.
+
+        Returns
+        -------
+        bool
+            Whether the set-up was repeated.
+
+        """
+        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
+        started = time.perf_counter()
+        step_name = type(self).__name__
+        with setup_progress(step_name):
+            if not self.estimator.follow_data():
+                return False
+            note("rebuilding what depends on the set-up")
+            self._data_followed()
+        seconds = time.perf_counter() - started
+        passes = self.estimator.setup_evaluations / self._n_rows
+        self.setup_passes += passes
+        self.setup_seconds += seconds
+        _log.info(
+            "%s: the data changed since the control variates' set-up (now N = %d): set-up "
+            "repeated on the new data (%.1f passes over the data, %.1f s).",
+            step_name, self._n_rows, passes, seconds,
+        )
+        return True
+
+    def _data_followed(self) -> None:
+        """Rebuild what was built on the estimator's set-up after it was repeated (a hook)."""
+
     def _start_chain(self, rng: Any) -> None:
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.rng = rng = BufferedGenerator(rng)
-        self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
+        self.follow_data()
         if self.uses_minibatches and self.batch_size > self._n_rows:
             raise ValueError(
                 f"batch_size={self.batch_size} is larger than the number of observations "
@@ -544,6 +591,8 @@ class MinibatchStep(MinibatchStepBase):
             proposal=proposal, audit_every=audit_every, steps_per_draw=steps_per_draw,
         )
         super().__init__(vars, temperature=temperature, **kwargs)
+        # What follow_data needs to build the proposal again on a new set-up.
+        self._proposal_settings = {k: self._transition_settings[k] for k in ("proposal", "S")}
         del self._transition_settings
 
     def _validate_settings(self, *, batch_size: Any, temperature: Any) -> None:
@@ -569,11 +618,7 @@ class MinibatchStep(MinibatchStepBase):
         scaling = float(settings["scaling"])
         self.scaling = scaling
         self._posterior: SurrogatePosterior | None = None
-        self.proposal: Proposal = make_proposal(
-            settings["proposal"], settings["S"], dim=self.likelihood.point_map.size,
-            control_variate=self.control_variate, posterior=self.surrogate_posterior,
-            step=self,
-        )
+        self.proposal: Proposal = self._make_proposal(settings["proposal"], settings["S"])
         surrogate = self.proposal.surrogate is not None
         if surrogate and self.schedule is not None:
             raise ValueError(
@@ -589,6 +634,66 @@ class MinibatchStep(MinibatchStepBase):
         self.scaling = self.tuner.scaling
         #: The proposal's state at the current point (None: to be built).
         self._proposal_state: ProposalState | None = None
+
+    def _make_proposal(self, proposal: Any, S: Any) -> Proposal:
+        """The proposal for the ``proposal`` and ``S`` settings, on the current set-up."""
+        built = make_proposal(
+            proposal, S, dim=self.likelihood.point_map.size,
+            control_variate=self.control_variate, posterior=self.surrogate_posterior,
+            step=self,
+        )
+        self._built_proposal = built  # to tell it from one the user put in its place
+        return built
+
+    def _data_followed(self) -> None:
+        """After a repeated set-up: the surrogate posterior and the proposal built again.
+
+        Both hold the Laplace fit (and the surrogate the exact set's rows) of the old set-up;
+        a proposal without a surrogate (the random walk with given ``S``, SGLD, which reads
+        the row store's N itself) is built again too, or kept when the user set it.
+
+        Raises
+        ------
+        ValueError
+            If the proposal was given as an object (or set on the step) and moves around
+            the old Laplace fit, or if ``proposal="auto"`` chooses another proposal on the
+            new data (the chains' stats were declared for the old one).
+
+        """
+        self._posterior = None
+        self._proposal_state = None
+        old = self.proposal
+        setting, S = self._proposal_settings["proposal"], self._proposal_settings["S"]
+        if old is not self._built_proposal or isinstance(setting, Proposal):
+            if old.surrogate is not None:
+                raise ValueError(
+                    f"The data changed, so the control variates' set-up was repeated, but "
+                    f"this {type(self).__name__}'s proposal {old.name!r} is an object built "
+                    "around the old Laplace fit. Give proposal= as a name or as a callable "
+                    "step -> Proposal (the step then builds it again after a change of the "
+                    "data), or build the step again."
+                )
+            return
+        new = self._make_proposal(setting, S)
+        if type(new) is not type(old):
+            raise ValueError(
+                f"The data changed and, on the new data, proposal={setting or 'auto'!r} "
+                f"chooses {new.name!r} instead of {old.name!r} (the Laplace fit or the shape "
+                f"of the model's quantities differs). Build the {type(self).__name__} again, "
+                f"or give proposal={old.name!r} explicitly."
+            )
+        self.proposal = new
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The step's attributes, after :meth:`follow_data`.
+
+        ``pm.sample`` pickles the step in its own process to send it to workers started
+        with "spawn" or "forkserver" (before it asks for the progress-bar columns): a
+        set-up repeated here is shared by all chains instead of made in each worker.
+        """
+        if "estimator" in self.__dict__:
+            self.follow_data()
+        return self.__dict__.copy()
 
     def surrogate_posterior(self) -> SurrogatePosterior:
         """The data-free surrogate posterior π̃ of the control variates (built on first use).
@@ -644,6 +749,7 @@ class MinibatchStep(MinibatchStepBase):
 
     # ------------------------------------------------------------- chain hooks
     def _start_chain(self, rng: Any) -> None:
+        self.follow_data()  # first: it may build the proposal again
         self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
         self.proposal.start_chain(rng)  # restarts its adaptation; spawns its own generators
         super()._start_chain(rng)
@@ -777,7 +883,14 @@ class MinibatchStep(MinibatchStepBase):
         return "step_size" if self._proposal_stats else None
 
     def progress_bar_columns(self, n_chains: int) -> tuple[list[Any], dict[str, list[Any]]]:
-        """The running mean batch size, acceptance rate and tuned parameter, per chain."""
+        """The running mean batch size, acceptance rate and tuned parameter, per chain.
+
+        ``pm.sample`` asks for them in its own process before it starts any chain (and
+        before it forks workers): the data are followed first
+        (:meth:`~MinibatchStepBase.follow_data`), so a set-up repeated on new data is made
+        once and shared by every chain.
+        """
+        self.follow_data()
         return progressbar_config(n_chains, self._tuned_stat())
 
     def progress_bar_updates(self) -> tuple[Any, ...]:
