@@ -41,6 +41,9 @@ Outputs (``--out``):
   against the NUTS draws.
 - ``austerity_logistic.md``: the numbers behind the figures.
 
+``--part decisions`` runs Fig. 2 only and ``--part risk`` Figs 3-4 only (each with the
+NUTS reference); the default runs all three.
+
 Wall-clock time is measured per draw with ``pm.sample``'s ``callback`` (time since the
 chain's first draw plus one median draw time, plus the time to build the step, which is
 what the zero-config step's set-up costs). Each chain stops after ``--seconds`` of
@@ -123,6 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="use only the first N training digits (quick runs)")
     parser.add_argument("--n-test", type=int, default=None,
                         help="use only the first N test digits (quick runs)")
+    parser.add_argument("--part", choices=("all", "decisions", "risk"), default="all",
+                        help="decisions: Fig. 2 only; risk: Figs 3-4 only (each with the "
+                             "NUTS reference)")
     parser.add_argument("--seed", type=int, default=2014)
     parser.add_argument("--out", type=Path, default=Path("examples/output"))
     args = parser.parse_args(argv)
@@ -495,12 +501,15 @@ def markdown(args: argparse.Namespace, data: dict, ref: dict, audits: dict, runs
         f"({ref['seconds']:.0f} s, {ref['divergences']} divergences); its Monte Carlo error "
         f"(mean squared MCSE of the predictive means) {ref['floor']:.2e}.",
         "",
-        "## Figure 2: data used and wrong decisions (audited)",
-        "",
-        "| setting | data used per step (% of N) | wrong decisions (%) [95%] | "
-        "audited steps | mean error_estimate |",
-        "| --- | --- | --- | --- | --- |",
     ]
+    if audits:
+        lines += [
+            "## Figure 2: data used and wrong decisions (audited)",
+            "",
+            "| setting | data used per step (% of N) | wrong decisions (%) [95%] | "
+            "audited steps | mean error_estimate |",
+            "| --- | --- | --- | --- | --- |",
+        ]
     for (m, eps), a in sorted(audits.items(), key=lambda kv: (kv[0][0] != "exact",
                                                                 kv[0][0], kv[0][1])):
         what = (f"{100 * a['wrong']:.2f} [{100 * a['wrong_low']:.2f}, "
@@ -510,11 +519,16 @@ def markdown(args: argparse.Namespace, data: dict, ref: dict, audits: dict, runs
         est = a.get("error_estimate", 0.0)
         lines.append(f"| {label(m, eps)} | {100 * a['data_share']:.1f} | {what} | "
                      f"{a['audited']:,} | {est:.4f} |")
+    if audits:
+        lines += [
+            "",
+            "For the Barker tests the disagreement with the exact Barker test is not an "
+            "error rate (see the guide page \"How wrong can it be?\"); the aligned bias is a "
+            "lower bound of the mean absolute error of the acceptance probability.",
+        ]
+    if not runs:
+        return "\n".join(lines) + "\n"
     lines += [
-        "",
-        "For the Barker tests the disagreement with the exact Barker test is not an error "
-        "rate (see the guide page \"How wrong can it be?\"); the aligned bias is a lower "
-        "bound of the mean absolute error of the acceptance probability.",
         "",
         "## Figure 3: risk of the predictive mean against wall-clock time",
         "",
@@ -557,12 +571,31 @@ def main(argv: list[str] | None = None) -> dict:
           f"of the risk {ref['floor']:.2e}")
 
     audits: dict = {}
-    for index, (m, eps) in enumerate(settings(args, args.fig2_epsilons)):
+    fig2_settings = settings(args, args.fig2_epsilons) if args.part != "risk" else []
+    for index, (m, eps) in enumerate(fig2_settings):
         audits[(m, eps)] = run_audit(model, m, eps, args, d, ref["mean"], index, n)
         a = audits[(m, eps)]
         print(f"[Fig. 2] {label(m, eps)}: data {100 * a['data_share']:.1f}% per step, "
               f"{a['kind']} {100 * a['wrong']:.2f}% [{100 * a['wrong_low']:.2f}, "
               f"{100 * a['wrong_high']:.2f}]")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "austerity_logistic"
+    paths = {"figure2": args.out / f"{stem}_figure2.png"} if audits else {}
+    if audits:
+        figure2(audits, args, paths["figure2"])
+    result: dict = {
+        "n_train": n,
+        "n_test": int(z_test.shape[0]),
+        "dims": d,
+        "explained": data["explained"],
+        "files": paths,
+        "reference": {"floor": ref["floor"], "seconds": ref["seconds"],
+                      "divergences": ref["divergences"]},
+        "audit": {label(*k): v for k, v in audits.items()},
+    }
+    if args.part == "decisions":
+        return finish(args, data, ref, audits, {}, {}, {}, [], result, start_all)
 
     runs: dict = {"_n_test": z_test.shape[0]}
     for index, (m, eps) in enumerate(settings(args, args.epsilons)):
@@ -589,29 +622,11 @@ def main(argv: list[str] | None = None) -> dict:
                                                for v, t in zip(checkpoints[k], grid_times,
                                                                strict=True)))
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "austerity_logistic"
-    paths = {"figure2": args.out / f"{stem}_figure2.png",
-             "figure3": args.out / f"{stem}_figure3.png",
-             "figure4": args.out / f"{stem}_figure4.png",
-             "table": args.out / f"{stem}.md"}
-    figure2(audits, args, paths["figure2"])
+    paths["figure3"] = args.out / f"{stem}_figure3.png"
+    paths["figure4"] = args.out / f"{stem}_figure4.png"
     figure3(curves, grid, runs, ref["floor"], args.epsilons, args, paths["figure3"])
     figure4(runs, ref, grid_times, paths["figure4"])
-    table = markdown(args, data, ref, audits, runs, final, checkpoints, grid_times)
-    paths["table"].write_text(table, encoding="utf-8")
-    print(f"written: {', '.join(str(p) for p in paths.values())} "
-          f"({time.perf_counter() - start_all:.0f} s in all)")
-    return {
-        "n_train": n,
-        "n_test": int(z_test.shape[0]),
-        "dims": d,
-        "explained": data["explained"],
-        "table": table,
-        "files": {k: str(v) for k, v in paths.items()},
-        "reference": {"floor": ref["floor"], "seconds": ref["seconds"],
-                      "divergences": ref["divergences"]},
-        "audit": {label(*k): v for k, v in audits.items()},
+    result.update({
         "grid": grid,
         "checkpoint_times": grid_times,
         "risk": {label(*k): curves[k] for k in keys},
@@ -623,7 +638,24 @@ def main(argv: list[str] | None = None) -> dict:
                               "batch_size": float(np.mean([c["batch_size"]
                                                            for c in runs[k]["chains"]]))}
                   for k in keys},
-    }
+    })
+    return finish(args, data, ref, audits, runs, final, checkpoints, grid_times, result,
+                  start_all)
+
+
+def finish(args: argparse.Namespace, data: dict, ref: dict, audits: dict, runs: dict,
+           final: dict, checkpoints: dict, grid_times: list[float], result: dict,
+           start_all: float) -> dict:
+    """Write the table, print what was written, and complete ``result``."""
+    paths = result["files"]
+    paths["table"] = args.out / "austerity_logistic.md"
+    table = markdown(args, data, ref, audits, runs, final, checkpoints, grid_times)
+    paths["table"].write_text(table, encoding="utf-8")
+    print(f"written: {', '.join(str(p) for p in paths.values())} "
+          f"({time.perf_counter() - start_all:.0f} s in all)")
+    result["table"] = table
+    result["files"] = {k: str(v) for k, v in paths.items()}
+    return result
 
 
 if __name__ == "__main__":

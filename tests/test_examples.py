@@ -284,6 +284,15 @@ def test_austerity_logistic(tmp_path):
         module.parse_args(["--epsilons", "0"])
     with pytest.raises(SystemExit):
         module.parse_args(["--methods", "nuts"])
+    # --part decisions (the first gallery page): Fig. 2 and the table only
+    part = module.main([
+        "--part", "decisions", "--n-train", "600", "--n-test", "100", "--dims", "5",
+        "--audit-draws", "50", "--nuts-draws", "100", "--nuts-tune", "100",
+        "--nuts-chains", "2", "--fig2-epsilons", "0.2", "--batch-size", "50",
+        "--taylor-tune", "50", "--methods", "exact,austere", "--out", str(tmp_path / "part"),
+    ])
+    assert set(part["files"]) == {"figure2", "table"} and "risk" not in part
+    assert "Figure 2" in part["table"] and "Figure 3" not in part["table"]
 
 
 def test_austerity_ica(tmp_path):
