@@ -48,7 +48,7 @@ from typing import Any
 
 import pymc as pm
 import pytensor.tensor as pt
-from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Exp
 from pytensor.scalar.math import Sigmoid, Softplus
@@ -65,7 +65,7 @@ from pymc_minibatch_mh.estimators.predictor_walk import (
     _strip,
     _Walker,
 )
-from pymc_minibatch_mh.model.graph import clone_replace, is_shape_constant
+from pymc_minibatch_mh.model.graph import clone_replace, shape_constant_replacements
 
 __all__ = [
     "LINKS",
@@ -162,17 +162,15 @@ class Predictors:
         n = _n_rows(row_vars)
         single = isinstance(outputs, Variable)
         outs = [outputs] if single else list(outputs)
-        for var in ancestors(outs):
-            if var.owner is not None or var in repl:
-                continue
+        inputs = [var for var in ancestors(outs) if var.owner is None and var not in repl]
+        for var in inputs:
             twin = _row_twin(var, row_vars, n)
             if twin is not None:
                 repl[var] = batches[twin]
-            elif isinstance(var, Constant) and is_shape_constant(var, n):
-                rest = pt.as_tensor(var.data[1:].astype(var.dtype))
-                repl[var] = pt.concatenate([pt.cast(n_batch, var.dtype)[None], rest])
+        repl.update(shape_constant_replacements(
+            [var for var in inputs if var not in repl], n, n_batch))
         repl.update(value_repl)
-        result = clone_replace(outs, repl)
+        result = clone_replace(outs, repl, rows=(n, n_batch))
         return result[0] if single else result
 
 

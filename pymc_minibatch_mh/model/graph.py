@@ -6,7 +6,7 @@ parameter checks into ``-inf``, and reading data variables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ __all__ = [
     "is_shape_constant",
     "leading_length",
     "observed_source",
+    "shape_constant_replacements",
 ]
 
 
@@ -184,6 +185,22 @@ def is_shape_constant(var: Constant, n: int) -> bool:
     return (
         data.dtype.kind in "iu" and data.ndim == 1 and 1 <= data.size <= 8 and int(data[0]) == n
     )
+
+
+def shape_constant_replacements(
+    variables: Iterable[Variable], n: int, length: Variable
+) -> dict[Variable, Variable]:
+    """The static shapes among ``variables`` whose first entry is ``n``, with ``length`` first.
+
+    RV sizes and broadcast shapes of the observation dimension are constants once PyMC has
+    built the graph; on a row batch their first entry must be the batch's ``length``.
+    """
+    replace: dict[Variable, Variable] = {}
+    for var in variables:
+        if isinstance(var, Constant) and is_shape_constant(var, n):
+            rest = pt.as_tensor(var.data[1:].astype(var.dtype))
+            replace[var] = pt.concatenate([pt.cast(length, var.dtype)[None], rest])
+    return replace
 
 
 def leading_length(var: Variable) -> int | None:

@@ -23,7 +23,7 @@ import pymc as pm
 import pytensor.tensor as pt
 from pymc.pytensorf import make_shared_replacements
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import graph_inputs
 
 from pymc_minibatch_mh.model.checks import (
@@ -36,9 +36,9 @@ from pymc_minibatch_mh.model.checks import (
 from pymc_minibatch_mh.model.graph import (
     clone_replace,
     is_data,
-    is_shape_constant,
     leading_length,
     observed_source,
+    shape_constant_replacements,
 )
 from pymc_minibatch_mh.model.pointmap import PointMap
 
@@ -174,11 +174,7 @@ def split_model(
             )
     n_batch = batches[0].shape[0]
     replacements: dict[Variable, Variable] = dict(zip(row_vars, batches, strict=True))
-    for var in graph_inputs(terms):
-        if isinstance(var, Constant) and is_shape_constant(var, n):
-            # A static shape (RV size, broadcast shape) whose first entry is N.
-            rest = pt.as_tensor(var.data[1:].astype(var.dtype))
-            replacements[var] = pt.concatenate([pt.cast(n_batch, var.dtype)[None], rest])
+    replacements.update(shape_constant_replacements(graph_inputs(terms), n, n_batch))
     for rv in observed:
         dims = model.named_vars_to_dims.get(rv.name)
         if dims:
