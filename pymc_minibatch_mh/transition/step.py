@@ -337,10 +337,14 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         """Rebuild what was built on the estimator's set-up after it was repeated (a hook)."""
 
     def _start_chain(self, rng: Any) -> None:
+        self.follow_data()  # first: what the chain starts with may be built again
+        self._start_chain_on_data(rng)
+
+    def _start_chain_on_data(self, rng: Any) -> None:
+        """A chain's start once the data are followed (subclasses extend this part)."""
         # Every draw of the chain comes from this generator's state, single values in
         # blocks (see BufferedGenerator: a step's few scalar draws cost ~0.8 µs each).
         self.rng = rng = BufferedGenerator(rng)
-        self.follow_data()
         if self.uses_minibatches and self.batch_size > self._n_rows:
             raise ValueError(
                 f"batch_size={self.batch_size} is larger than the number of observations "
@@ -748,11 +752,11 @@ class MinibatchStep(MinibatchStepBase):
         super()._declare_stats(unused)
 
     # ------------------------------------------------------------- chain hooks
-    def _start_chain(self, rng: Any) -> None:
-        self.follow_data()  # first: it may build the proposal again
+    def _start_chain_on_data(self, rng: Any) -> None:
+        # After follow_data, which may have built the proposal again.
         self.audit.start_chain(rng)  # its own generator, spawned: the chain's draws stay
         self.proposal.start_chain(rng)  # restarts its adaptation; spawns its own generators
-        super()._start_chain(rng)
+        super()._start_chain_on_data(rng)
         self.proposal.set_tuning(self._tune_enabled)  # a proposal that adapts itself
         self._proposal_state = None
         self._chain_accepted = 0
