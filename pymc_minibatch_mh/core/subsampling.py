@@ -112,6 +112,16 @@ def bernstein_bound(
     return std * math.sqrt(rho * 2.0 * log_term / n) + 6.0 * range_bound * log_term / n
 
 
+def _check_delta(delta: float, p: float, k: int) -> float:
+    """``δ_k = δ (p − 1) / (p k^p)``: the error allowed to the k-th check (Σ_k δ_k = δ)."""
+    return delta * (p - 1.0) / (p * k**p)
+
+
+def _next_rows(n: int, gamma: float, n_total: int) -> int:
+    """Rows after the next growth: ``min(N, max(n + 1, ⌈γ n⌉))``."""
+    return min(n_total, max(n + 1, math.ceil(gamma * n)))
+
+
 def mhsublhd_test(
     rng: np.random.Generator,
     source: MinibatchSource,
@@ -236,7 +246,7 @@ def mhsublhd_test(
                 full_data=n >= n_total, extra_evaluations=extra, mean=mean,
                 range_bound=c_range, **undecided,
             )
-        delta_k = delta * (p - 1.0) / (p * k**p)
+        delta_k = _check_delta(delta, p, k)
         std = math.sqrt(max(moments.m2, 0.0) / n)
         if n >= n_total:
             bound = 0.0
@@ -246,7 +256,7 @@ def mhsublhd_test(
         )
         if abs(mean - psi) > bound:
             break
-        target = min(n_total, max(n + 1, math.ceil(gamma * n)))
+        target = _next_rows(n, gamma, n_total)
     return MHSubLhdOutcome(
         accepted=bool(mean > psi),
         batch_size=n,
@@ -349,6 +359,6 @@ def check_budget(n_total: int, *, batch_size: int, delta: float, gamma: float, p
     total = 0.0
     while n < n_total:
         k += 1
-        total += delta * (p - 1.0) / (p * k**p)
-        n = min(n_total, max(n + 1, math.ceil(gamma * n)))
+        total += _check_delta(delta, p, k)
+        n = _next_rows(n, gamma, n_total)
     return total
