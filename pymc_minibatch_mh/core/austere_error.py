@@ -470,12 +470,17 @@ _CURVE_DRIFT = 12.0
 _SCALE_RANGE = (1e-3, 1e5)
 
 
+def _root_first_time(batch_size: int, n_total: int) -> float:
+    """``√s_1 = √(π_1 / (1 − π_1))``: ``μ_std √s_1`` is the walk's drift at the first test."""
+    return math.sqrt(min(batch_size, n_total - 1) / max(n_total - batch_size, 1))
+
+
 @lru_cache(maxsize=16)
 def _error_curve(
     batch_size: int, epsilon: float, n_total: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``E(t)`` on a grid of ``t = μ_std`` covering both signs (symmetric), cached."""
-    root_s1 = math.sqrt(min(batch_size, n_total - 1) / max(n_total - batch_size, 1))
+    root_s1 = _root_first_time(batch_size, n_total)
     half = np.concatenate([[0.0], np.geomspace(1e-3, _CURVE_DRIFT, 300)]) / root_s1
     error = sequential_test_error(half, batch_size, epsilon, n_total).error
     grid = np.concatenate([-half[:0:-1], half])
@@ -563,7 +568,7 @@ def _bound_table(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``log`` scales and ``sup_Δ P(wrong | Δ)`` on them, cached per design and N."""
     grid, curve = _error_curve(batch_size, epsilon, n_total)
-    unit = math.sqrt(min(batch_size, n_total - 1) / max(n_total - batch_size, 1))
+    unit = _root_first_time(batch_size, n_total)
     scales = np.geomspace(*_SCALE_RANGE, 161) * unit
     sup = _averaged_on_grid(scales, grid, curve).max(axis=1)
     # The supremum grows with the scale, to E(0); keep it monotone against rounding.

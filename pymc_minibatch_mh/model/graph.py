@@ -104,8 +104,9 @@ def _rows_rule(n: int, length: Variable) -> Callable[[Any, list[Variable]], Vari
     """A node rule: drop SpecifyShape, and let arrays allocated with N rows have ``length``."""
 
     def rule(node: Any, new_inputs: list[Variable]) -> Variable | None:
-        if isinstance(node.op, SpecifyShape):
-            return new_inputs[0]
+        dropped = _drop_specify_shape(node, new_inputs)
+        if dropped is not None:
+            return dropped
         position = _ALLOC_LEADING_INPUT.get(type(node.op))
         if position is None or len(new_inputs) <= position:
             return None
