@@ -296,7 +296,7 @@ def test_a_proposal_object_around_the_old_fit_is_refused():
     old_proposal = by_callable.proposal
     by_callable._start_chain(np.random.default_rng(0))
     assert by_callable.proposal is not old_proposal
-    np.testing.assert_array_equal(by_callable.proposal.surrogate.theta_hat,
+    np.testing.assert_array_equal(by_callable.proposal.surrogate.reference,
                                   by_callable.control_variate.reference.theta)
 
 

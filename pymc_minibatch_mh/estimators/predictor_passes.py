@@ -237,7 +237,8 @@ class PredictorPasses(TaylorPasses):
                 "control_variate=None."
             )
         return PredictorReference(
-            x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik, coef=an.coefficients(x),
+            x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik,
+            prior_gradient=self.finite_prior_gradient(x), coef=an.coefficients(x),
             coef_gradient=a, coef_hessian=b,
         )
 

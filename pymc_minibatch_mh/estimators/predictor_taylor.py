@@ -179,11 +179,6 @@ class PredictorTaylorEstimator(TaylorEstimator):
         self._coef_gradient = pytensor.shared(np.zeros(k), name="cv_coef_gradient")
         self._coef_hessian = pytensor.shared(np.zeros((k, k)), name="cv_coef_hessian")
 
-    @property
-    def map_converged(self) -> bool:
-        """Whether the MAP search reached the tolerance (False with a user reference)."""
-        return bool(self.passes.map_converged)
-
     def proxy_value(self, x: NDArray[np.float64]) -> float:
         """The full-data sum of the proxies at ``x``, less its value at θ̂: A·d + ½dᵀBd.
 

@@ -4,10 +4,12 @@
 the log-likelihood's sum, gradient G and Hessian H at a point (Hessian-vector products,
 one per coordinate), and finds θ̂ as the mode of the full-data log posterior over the
 sampled variables (flat, transformed space; the other free variables held at the initial
-point): SciPy's L-BFGS-B on a subsample (tall data) or on the compiled full-data log
-posterior and its gradient, then trust-region Newton steps (SciPy's ``trust-exact``, one
-pass each) until the Newton decrement (the distance to the mode in posterior standard
-deviations) is below :data:`MAP_TOLERANCE`. Every row
+point). On tall data θ̂ is the mode of a subsample's posterior, with one full pass there
+(the sums are exact, θ̂ need not be the mode: :meth:`TaylorPasses.find_map`); otherwise
+SciPy's L-BFGS-B on the compiled full-data log posterior and its gradient, then
+trust-region Newton steps (SciPy's ``trust-exact``, one pass each) until the Newton
+decrement (the distance to the mode in posterior standard deviations) is below
+:data:`MAP_TOLERANCE`. Every row
 evaluated is counted in :attr:`TaylorPasses.evaluations`. The estimator that uses θ̂, G and H is
 :mod:`~pymc_minibatch_mh.estimators.taylor`.
 """
@@ -33,16 +35,20 @@ from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
-__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "ChunkSums", "TaylorPasses",
+__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "SUBSAMPLE_SPREAD", "ChunkSums", "TaylorPasses",
            "add_chunks"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
 MAP_TOLERANCE: float = 1e-3
 
-#: Rows of the subsample whose mode starts the MAP search on data with more than four
-#: times as many rows (:meth:`TaylorPasses.find_map`).
+#: Rows of the subsample whose mode is θ̂ (or starts the MAP search) on data with more
+#: than four times as many rows (:meth:`TaylorPasses.find_map`).
 SUBSAMPLE_ROWS: int = 50_000
+
+#: How many times the spread of a subsample's mode (``√(d N / m)`` posterior sds, in the
+#: Newton decrement) the subsample's mode may be from the data's and still be θ̂.
+SUBSAMPLE_SPREAD: float = 2.0
 
 # PyTensor mode of the full-data passes (MAP search and G, H): PyTensor's default,
 # "FAST_RUN", which is the C virtual machine on PyTensor 2 (1–3 × faster than Numba there
@@ -120,6 +126,8 @@ class TaylorPasses:
         self.map_decrement = math.nan
         #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
         self.map_converged = False
+        #: Whether :meth:`find_map` took a subsample's mode as θ̂ (one full pass).
+        self.subsample_reference = False
         self._build_graphs(likelihood.graphs)
 
     def _build_graphs(self, graphs: Any) -> None:
@@ -211,7 +219,6 @@ class TaylorPasses:
     def reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:
         """G and H at ``x`` (one counted pass), checked finite."""
         loglik, g, h = self._full_pass(x, hessian=True)
-        _, _, prior_h = self.prior(x, hessian=True)
         if not (math.isfinite(loglik) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
             raise ControlVariateError(
                 f"The log-likelihood or its derivatives are not finite at the {what} "
@@ -219,7 +226,17 @@ class TaylorPasses:
                 "where every observation has positive likelihood, or use "
                 "control_variate=None."
             )
-        return TaylorReference(x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik)
+        return TaylorReference(x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik,
+                               prior_gradient=self.finite_prior_gradient(x))
+
+    def finite_prior_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64] | None:
+        """The log prior's gradient at ``x``, or None where it is not finite (a boundary).
+
+        None makes the Laplace fit's mean θ̂ itself
+        (:meth:`~pymc_minibatch_mh.core.control_variate.TaylorReference.laplace_mean`).
+        """
+        g = self.prior(x)[1]
+        return g if np.all(np.isfinite(g)) else None
 
     def prior_hessian(self, x: NDArray[np.float64], what: str) -> NDArray[np.float64] | None:
         """The log prior's Hessian at ``x``, or None (with a warning) where it is not finite.
@@ -307,25 +324,41 @@ class TaylorPasses:
         return self.likelihood.point_map.to_flat(values)
 
     def find_map(self, x0: NDArray[np.float64], strict: bool = True) -> TaylorReference:
-        """The mode of the full-data log posterior: a warm start, then Newton steps.
+        """θ̂ of the control variates: a subsample's mode on tall data, else the full data's.
 
-        With more than ``4 ·`` :data:`SUBSAMPLE_ROWS` rows the warm start is L-BFGS-B on
-        an evenly spaced subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood
-        scaled by ``N/m``; no full pass); the trust-region Newton steps that follow
-        (``_newton``) cost one full pass per point tried. If they do not reach
-        :data:`MAP_TOLERANCE` from there, or with fewer rows, the search is L-BFGS-B on
-        the full data (one pass per evaluation), then the Newton steps.
+        With more than ``4 ·`` :data:`SUBSAMPLE_ROWS` rows, L-BFGS-B on an evenly spaced
+        subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood scaled by ``N/m``)
+        gives a point, and **one full pass** there gives the exact full-data sums. That
+        point is θ̂ (:meth:`_subsample_reference`) when the Laplace fit exists there and
+        its Newton decrement is within :data:`SUBSAMPLE_SPREAD` times what the
+        subsample's own spread explains: the control variates are unbiased at any θ̂,
+        the residuals' variance grows only by about the decrement squared over N (see
+        the module's guide page), and the surrogate's Laplace fit is centred one Newton
+        step away, at :meth:`~pymc_minibatch_mh.core.control_variate.TaylorReference.laplace_mean`.
+        Otherwise the trust-region Newton steps (``_newton``: one full pass per point
+        tried) polish that point to :data:`MAP_TOLERANCE`, and if they do not reach it
+        (or with fewer rows) the search is L-BFGS-B on the full data (one pass per
+        evaluation), then the Newton steps.
 
         With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
         polishing fails, e.g. where the log posterior is not concave) returns the
         reference at the last point reached instead of raising, provided the
-        log-likelihood and its derivatives are finite there; :attr:`map_decrement` and
-        :attr:`map_converged` say how far it got.
+        log-likelihood and its derivatives are finite there. :attr:`map_decrement` says
+        how far θ̂ is from the mode; :attr:`map_converged` whether it is the mode (to
+        the tolerance) and :attr:`subsample_reference` whether θ̂ is the subsample's.
         """
         ref, decrement, message = None, math.inf, "not run (subsample start)"
+        self.subsample_reference = False
+        evaluate = self._evaluator()
         start = self._subsample_mode(x0)
         if start is not None:
-            ref, decrement = self._newton(start)
+            ref, decrement = self._subsample_reference(start, evaluate)
+            if ref is not None:
+                self.map_converged = decrement <= MAP_TOLERANCE
+                self.map_decrement = decrement
+                self.subsample_reference = True
+                return ref
+            ref, decrement = self._newton(start, evaluate)
         if not decrement <= MAP_TOLERANCE:
             with np.errstate(all="ignore"):
                 result = optimize.minimize(
@@ -333,7 +366,7 @@ class TaylorPasses:
                     options={"maxiter": 1000},
                 )
             message = str(result.message)
-            ref, decrement = self._newton(np.asarray(result.x, dtype=np.float64))
+            ref, decrement = self._newton(np.asarray(result.x, dtype=np.float64), evaluate)
         self.map_converged = ref is not None and decrement <= MAP_TOLERANCE
         self.map_decrement = decrement
         if ref is not None and (self.map_converged or not strict):
@@ -345,6 +378,29 @@ class TaylorPasses:
             f"{MAP_TOLERANCE}). Pass reference={{...}} (e.g. from pm.find_MAP() with more "
             "iterations, or the posterior mean of a short run), or use control_variate=None."
         )
+
+    def _subsample_reference(
+        self, x: NDArray[np.float64], evaluate: Any
+    ) -> tuple[TaylorReference | None, float]:
+        """The reference at a subsample's mode (one full pass), or None and its decrement.
+
+        None when the pass fails, the Laplace fit does not exist there (the Hessian of
+        the log posterior is not negative definite: a curved hierarchical posterior), or
+        the Newton decrement exceeds :data:`SUBSAMPLE_SPREAD` ``· √(d N / m)``: a
+        subsample's mode is about ``√(N/m − 1)`` posterior sds from the full data's per
+        dimension, so a larger distance says the subsample's search did not converge or
+        the subsample is not like the data. The pass is the first of the Newton steps
+        that follow then (``evaluate`` caches it), so it is never made twice.
+        """
+        n, m = self.store.n_rows, SUBSAMPLE_ROWS
+        ref, _, _, decrement = evaluate(x)
+        if ref is None or not math.isfinite(decrement):
+            return None, decrement
+        if decrement > SUBSAMPLE_SPREAD * math.sqrt(self.dim * n / m):
+            note(f"the subsample's mode is {decrement:.3g} posterior sds from the data's "
+                 "mode, more than its spread explains: Newton steps on the full data")
+            return None, decrement
+        return ref, decrement
 
     def _negative_log_posterior(self, x: NDArray[np.float64]) -> tuple[float, Any]:
         """Minus the full-data log posterior and its gradient (one gradient pass)."""
@@ -386,22 +442,15 @@ class TaylorPasses:
         x = np.asarray(result.x, dtype=np.float64)
         return x if np.all(np.isfinite(x)) else None
 
-    def _newton(self, x: NDArray[np.float64]) -> tuple[TaylorReference | None, float]:
-        """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
+    def _evaluator(self) -> Any:
+        """A cache of the passes of one search: ``x -> (ref, log post, gradient, decrement)``.
 
-        SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
-        it tries costs one pass (:meth:`reference_at`: value, G and H together), and it
-        stops, through its callback, as soon as the Newton decrement at an accepted point
-        is below :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the
-        Hessian is not negative definite or the posterior is a curved ridge (a
-        non-centred hierarchical model at N = 10⁶, where plain Newton steps stopped at
-        an indefinite Hessian). Returns the reference at the last accepted point (None
-        if even ``x`` failed) and its decrement (inf where the Hessian is not negative
-        definite).
+        One pass per point (:meth:`reference_at`: value, G and H together); it keeps the
+        accepted point and the last trial, so the pass at a subsample's mode is not
+        repeated by the Newton steps that start there.
         """
-        @functools.lru_cache(maxsize=2)  # the accepted point and the last trial
+        @functools.lru_cache(maxsize=2)
         def at(key: bytes) -> tuple[TaylorReference | None, float, Any, float]:
-            """Reference, log posterior, its gradient and the decrement: one pass."""
             x = np.frombuffer(key, dtype=np.float64).copy()
             try:
                 ref = self.reference_at(x, what="point the MAP search reached")
@@ -415,6 +464,21 @@ class TaylorPasses:
         def evaluate(x: Any) -> tuple[TaylorReference | None, float, Any, float]:
             return at(np.asarray(x, dtype=np.float64).tobytes())
 
+        return evaluate
+
+    def _newton(self, x: NDArray[np.float64],
+                evaluate: Any) -> tuple[TaylorReference | None, float]:
+        """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
+
+        SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
+        it tries costs one pass (``evaluate``, from :meth:`_evaluator`), and it stops, through its
+        callback, as soon as the Newton decrement at an accepted point is below
+        :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the Hessian is
+        not negative definite or the posterior is a curved ridge (a non-centred
+        hierarchical model at N = 10⁶, where plain Newton steps stopped at an indefinite
+        Hessian). Returns the reference at the last accepted point (None if even ``x``
+        failed) and its decrement (inf where the Hessian is not negative definite).
+        """
         def callback(intermediate_result: optimize.OptimizeResult) -> None:
             if evaluate(intermediate_result.x)[3] <= MAP_TOLERANCE:
                 raise StopIteration

@@ -182,11 +182,20 @@ class TaylorEstimator(RatioEstimator):
         """
         passes, likelihood = self.passes, self.likelihood
         before = passes.evaluations
-        if self._reference_flat is None:
-            x0 = likelihood.point_map.to_flat(likelihood.initial_point)
-            ref = passes.find_map(x0, strict=self._strict_map)
-        else:
-            ref = passes.reference_at(self._reference_flat, what="reference point")
+        x0 = likelihood.point_map.to_flat(likelihood.initial_point)
+        try:
+            if self._reference_flat is None:
+                ref = passes.find_map(x0, strict=self._strict_map)
+            else:
+                ref = passes.reference_at(self._reference_flat, what="reference point")
+        except ControlVariateError:
+            # The set-up's passes replace the chains' start checks (a tuned chain starts at
+            # θ̂): a failed set-up names the non-finite rows, if any, at the point it
+            # started from (one pass, made only on failure).
+            start = x0 if self._reference_flat is None else self._reference_flat
+            likelihood.check_point(likelihood.point_map.to_point(start,
+                                                                 likelihood.initial_point))
+            raise
         #: Rows evaluated by the MAP search of the last set-up, its last pass being the pass
         #: at θ̂ (0 with a user reference).
         self.map_evaluations = passes.evaluations - before if self._reference_flat is None else 0
@@ -254,8 +263,16 @@ class TaylorEstimator(RatioEstimator):
 
     @property
     def map_decrement(self) -> float:
-        """Newton decrement at the MAP the step found (NaN with a user reference)."""
+        """Newton decrement at θ̂ the step found: its distance to the mode in posterior sds.
+
+        NaN with a user reference; several sds when θ̂ is a subsample's mode.
+        """
         return self.passes.map_decrement
+
+    @property
+    def map_converged(self) -> bool:
+        """Whether θ̂ is the mode to the tolerance (False with a user reference)."""
+        return bool(self.passes.map_converged)
 
     # ------------------------------------------------------------------ graphs
     def _check_other_variables(self) -> None:

@@ -261,8 +261,13 @@ class MinibatchLikelihood:
         """Per-row log-likelihood at one state over all rows, in bounded-memory chunks."""
         return np.concatenate([self._rows_fn(x, *chunk) for chunk in self.store.chunks()])
 
-    def check_point(self, point: Mapping[str, Any]) -> None:
-        """Raise a clear error if the log-probability at ``point`` is not finite (O(N) once)."""
+    def check_point(self, point: Mapping[str, Any], rows: bool = True) -> None:
+        """Raise a clear error if the log-probability at ``point`` is not finite.
+
+        ``rows=True``: every row's log-likelihood is evaluated (one O(N) pass);
+        ``rows=False``: the values and the prior only, for a point where a pass the caller
+        made on the same data found every row finite.
+        """
         missing = [name for name in self.other_shared if name not in point]
         if missing:
             raise ModelNotSupportedError(
@@ -285,6 +290,8 @@ class MinibatchLikelihood:
                 f"start point {dict(point)}. Choose initial values inside the support "
                 "(initvals=...)."
             )
+        if not rows:
+            return
         n_bad, first, start = 0, None, 0
         # Streamed (bounded memory at any N); on the cluster for a Dask store.
         for rows, bad, position, value in self.store.reduce(NonFiniteRows(self._rows_fn), x):

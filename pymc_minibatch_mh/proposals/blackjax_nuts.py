@@ -214,13 +214,6 @@ class BlackjaxNUTSProposal(Proposal):
             _jax_pid = os.getpid()
         return self._compiled
 
-    def start_point(self, rng: np.random.Generator) -> _Vec:
-        """Where a tuned chain starts: θ̂.
-
-        As for :class:`~pymc_minibatch_mh.proposals.nuts.SurrogateNUTSProposal`.
-        """
-        return self.surrogate.theta_hat.copy()
-
     def start_chain(self, rng: np.random.Generator) -> None:
         """A new chain: a spawned generator; the adaptation runs again at its first state."""
         self._rng = rng.spawn(1)[0]

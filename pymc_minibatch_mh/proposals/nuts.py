@@ -93,15 +93,6 @@ class SurrogateNUTSProposal(Proposal):
         """``log π̃(x)`` up to a constant."""
         return float(self._log_density({"x": x}))
 
-    def start_point(self, rng: np.random.Generator) -> _Vec:
-        """Where a tuned chain starts: θ̂.
-
-        Not a draw of the Laplace fit: on a hierarchical model that fit is poor, and a
-        draw far from the data's fit (where the expansions are poor) can hold the chain,
-        since from there every move towards θ̂ lowers the residual and is rejected.
-        """
-        return self.surrogate.theta_hat.copy()
-
     def start_chain(self, rng: np.random.Generator) -> None:
         """A new chain: NUTS's adaptation restarts, its draws from a spawned generator."""
         start_inner_chain(self.nuts, rng.spawn(1)[0])

@@ -46,11 +46,17 @@ class GaussianSurrogate:
     Parameters
     ----------
     theta_hat : array_like, shape (d,)
-        Mean (the reference point θ̂ of the Taylor expansion, usually the mode).
+        Mean (the mode of the surrogate posterior's quadratic part, see ``reference``).
     cov : array_like, shape (d, d)
         Covariance Σ, symmetric positive definite (usually the inverse of the negative
         Hessian of the log posterior at θ̂). A relative asymmetry up to 1e-8 is rounding
         and is symmetrised away.
+    reference : array_like, shape (d,), optional
+        The point the fit was computed at: the control variates' θ̂, where the step's
+        set-up read every row (a full pass), so that tuned chains start there
+        (:meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point`) without a pass
+        of their own. Default: ``theta_hat``. It differs from the mean when θ̂ is a
+        subsample's mode (the mean is then one Newton step from it).
 
     Attributes
     ----------
@@ -84,6 +90,7 @@ class GaussianSurrogate:
 
     theta_hat: NDArray[np.float64]
     cov: NDArray[np.float64]
+    reference: NDArray[np.float64] | None = None
     chol: NDArray[np.float64] = field(init=False, repr=False)
     precision: NDArray[np.float64] = field(init=False, repr=False)
     dim: int = field(init=False)
@@ -136,6 +143,13 @@ class GaussianSurrogate:
                 "cov is numerically singular (a zero pivot in its Cholesky factor); add a "
                 "small multiple of the identity (jitter) to cov."
             )
+        reference = mean if self.reference is None else np.array(self.reference,
+                                                                 dtype=np.float64)
+        if reference.shape != (d,) or not np.all(np.isfinite(reference)):
+            raise ValueError(
+                f"reference must be a finite vector of length {d}, like theta_hat; got "
+                f"shape {reference.shape}."
+            )
         eye = np.eye(d)
         chol_inv = scipy.linalg.solve_triangular(chol, eye, lower=True, check_finite=False)
         precision = chol_inv.T @ chol_inv
@@ -144,6 +158,7 @@ class GaussianSurrogate:
         # gradients computed from these factors, which must not change under them.
         for name, value in (
             ("theta_hat", mean),
+            ("reference", reference if self.reference is not None else mean.copy()),
             ("cov", cov),
             ("chol", chol),
             ("precision", precision),

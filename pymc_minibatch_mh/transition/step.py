@@ -136,8 +136,10 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
     mode : str, optional
         PyTensor compilation mode of the per-step functions.
     check_start : bool
-        Evaluate the full-data log-probability once at each chain's start point and raise
-        a clear error if it is not finite (one O(N) pass per chain).
+        Check the log-probability at each chain's start point and raise a clear error if
+        it is not finite: one O(N) pass per chain, except at the control variates'
+        reference θ̂, where tuned chains start and the set-up's pass already read every
+        row (a set-up that meets a non-finite row names it).
     prefetch : int or "auto"
         Rounds of rows evaluated per compiled call (see
         :mod:`~pymc_minibatch_mh.estimators.ratio`); changes the cost and which random rows
@@ -371,9 +373,22 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         check_same_model(self, point)
         point = self._start_point(point)
         if self.check_start:
-            self.likelihood.check_point(point)
+            self.likelihood.check_point(point, rows=not self._read_at_setup(point))
         self._chain_started = True
         return point
+
+    def _read_at_setup(self, point: Mapping[str, Any]) -> bool:
+        """Whether the set-up's pass at θ̂ read every row at this start point.
+
+        True at the control variates' reference of the last set-up (a tuned chain starts
+        there, see :meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point`), on the
+        data it was made on (followed at this chain's start) and with no variables of
+        other steps in the likelihood: the start check then needs no pass of its own.
+        """
+        cv, lik = self.control_variate, self.likelihood
+        if cv is None or lik.other_shared:
+            return False
+        return lik.point_map.to_flat(point).tobytes() == cv.initial_reference.theta.tobytes()
 
     def _start_point(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
         """The point the chain starts from, given PyMC's (a hook; default: PyMC's)."""
@@ -531,7 +546,7 @@ class MinibatchStep(MinibatchStepBase):
         ``"blackjax_nuts"`` (NUTS on the surrogate compiled with JAX; the ``jax`` extra), a
         proposal object or a callable ``step -> proposal``; see
         :mod:`~pymc_minibatch_mh.proposals.registry`. With a surrogate proposal and
-        tuning, each chain starts from a draw of the Laplace fit (at θ̂ for the NUTS ones).
+        tuning, each chain starts at θ̂, where the set-up's pass read every row.
     audit_every : int, optional
         Every this many steps, also decide the proposal on the full data, coupled to the
         minibatch decision (:mod:`~pymc_minibatch_mh.transition.audit`; the pass is counted
@@ -718,8 +733,10 @@ class MinibatchStep(MinibatchStepBase):
             if cv is None:
                 raise ValueError("The surrogate posterior needs control_variate='taylor'.")
             inv_t = 1.0 / self._temperature
-            laplace = GaussianSurrogate(np.asarray(cv.reference.theta, dtype=np.float64),
-                                        cv.laplace_covariance(self._temperature))
+            ref, temperature = cv.reference, self._temperature
+            laplace = GaussianSurrogate(ref.laplace_mean(temperature),
+                                        ref.laplace_covariance(temperature),
+                                        reference=ref.theta)
             flat = lik.graphs.flat
 
             def log_density(x: np.ndarray) -> float:

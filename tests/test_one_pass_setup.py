@@ -1,0 +1,128 @@
+"""Set-up in about one pass on tall data, and the start check folded into it.
+
+Above 4 × ``SUBSAMPLE_ROWS`` rows θ̂ is a subsample's mode with one full pass there (the
+sums at θ̂ are the full data's, so the posterior is unchanged; a step that used the
+subsample's sums instead is shown to fail the same check). A tuned chain with control
+variates starts at θ̂, where that pass read every row, so its start check makes no pass of
+its own; a model that is not finite on the data is still refused, by the set-up, with the
+row named. The subsample size is patched so that these run at N = 2·10⁴.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import sample_kwargs
+from test_control_variates import logistic_data, logistic_model, logistic_quadrature, moments_ok
+
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.estimators import reference as reference_module
+from pymc_minibatch_mh.estimators.predictor_passes import PredictorPasses
+from pymc_minibatch_mh.estimators.reference import TaylorPasses, add_chunks
+from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
+
+N, SUBSAMPLE = 20_000, 1_000
+
+
+def _subsample(passes, fn, x):
+    """The broken variant: the subsample's sums scaled by N/m instead of a full pass."""
+    n, m = passes.store.n_rows, reference_module.SUBSAMPLE_ROWS
+    rows = passes.store.rows(np.linspace(0, n - 1, m).round().astype(np.int64))
+    passes.evaluations += n
+    return tuple(None if v is None else n / m * v for v in add_chunks([fn(x, *rows)]))
+
+
+def _theta_sums(self, x, hessian):
+    return _subsample(self, self.hessian_sums if hessian else self.gradient_sums, x)
+
+
+def _predictor_sums(self, x):
+    return _subsample(self, self._chunk_sums, x)
+
+
+def _sample(seed):
+    x, y = logistic_data(N, seed=11)
+    model = logistic_model(x, y)
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+        idata = pm.sample(draws=1000, tune=500, chains=2, cores=1, step=step,
+                          **sample_kwargs(random_seed=seed))
+    return x, y, step, np.asarray(posterior(idata)["b"])
+
+
+def _moments_ok(x, y, step, draws):
+    cov = step.control_variate.laplace_covariance()
+    mean, sd = logistic_quadrature(x, y, 5.0, step.control_variate.reference.laplace_mean(), cov)
+    return [moments_ok(draws[..., j], mean[j], sd[j]) for j in range(2)]
+
+
+def test_subsample_reference_keeps_the_posterior(monkeypatch):
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", SUBSAMPLE)
+    x, y, step, draws = _sample(seed=3)
+    cv = step.control_variate
+    # θ̂ is the subsample's mode, about √(N/m) = 4.5 posterior sds from the mode.
+    assert cv.passes.subsample_reference and cv.map_decrement > 1.0
+    assert step.setup_passes < 2
+    for ok, info in _moments_ok(x, y, step, draws):
+        assert ok, info
+
+
+def test_subsample_sums_instead_of_the_full_pass_fail(monkeypatch):
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", SUBSAMPLE)
+    monkeypatch.setattr(TaylorPasses, "_full_pass", _theta_sums)
+    monkeypatch.setattr(PredictorPasses, "sums", _predictor_sums)
+    x, y, step, draws = _sample(seed=3)
+    assert step.control_variate.passes.subsample_reference
+    assert not all(ok for ok, _ in _moments_ok(x, y, step, draws))
+
+
+def _record_start_checks(monkeypatch):
+    calls = []
+    check = MinibatchLikelihood.check_point
+
+    def recorded(self, point, rows=True):
+        calls.append(rows)
+        return check(self, point, rows=rows)
+
+    monkeypatch.setattr(MinibatchLikelihood, "check_point", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("tune", [True, False])
+def test_tuned_chains_start_at_the_reference_without_a_pass(monkeypatch, tune):
+    x, y = logistic_data(2_000, seed=1)
+    with logistic_model(x, y):
+        step = MinibatchBarker(control_variate="taylor", tune=tune)
+        calls = _record_start_checks(monkeypatch)
+        pm.sample(draws=5, tune=5 if tune else 0, chains=2, cores=1, step=step,
+                  **sample_kwargs(random_seed=1))
+    # With tuning each chain starts at θ̂ (read by the set-up's pass): no pass. Without,
+    # at PyMC's start point: one pass each, as before.
+    assert calls == ([False, False] if tune else [True, True])
+
+
+@pytest.mark.parametrize("reference", [None, {"mu": 0.0}])
+def test_data_not_finite_is_refused_at_setup_with_the_row(reference):
+    counts = np.ones(300, dtype=np.int64)
+    counts[7] = -1  # a count the Poisson gives probability 0
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Poisson("y", pm.math.exp(mu), observed=counts)
+        with pytest.raises(ModelNotSupportedError, match=r"not finite.*1 of 300.*row 7.*invalid"):
+            MinibatchBarker(control_variate="taylor", reference=reference)
+
+
+def test_subsample_without_a_laplace_fit_is_polished(monkeypatch):
+    """Where the Hessian at the subsample's mode is not negative definite the Newton steps
+    run as before (the pass at that point is the first of them, not repeated)."""
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", SUBSAMPLE)
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_SPREAD", 0.0)  # stands in for it
+    x, y = logistic_data(N, seed=11)
+    with logistic_model(x, y):
+        step = MinibatchBarker(control_variate="taylor", tune=False)
+    cv = step.control_variate
+    assert not cv.passes.subsample_reference and cv.map_converged
+    assert 2 <= step.setup_passes < 6
