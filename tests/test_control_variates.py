@@ -261,38 +261,42 @@ def test_map_is_found_and_counted(logistic):
 
 
 @pytest.mark.parametrize("control_variate", ["taylor", "taylor_theta"])
-def test_tall_data_reference_is_a_subsample_mode_with_one_pass(monkeypatch, control_variate):
-    """Above 4 × SUBSAMPLE_ROWS rows θ̂ is the subsample's mode, with one full pass there:
-    several posterior sds from the mode (as the subsample's spread says), yet the Laplace
-    fit the proposals use is centred one Newton step away, within a few hundredths of a
-    posterior sd of the full-data MAP. With SUBSAMPLE_SPREAD = 0 the Newton steps polish
-    it to the MAP, as before."""
+def test_tall_data_reference_in_one_pass_with_the_hessian(monkeypatch, control_variate):
+    """Above 4 × SUBSAMPLE_ROWS rows θ̂ comes from the subsample's mode by gradient passes
+    (Newton steps with the subsample's Hessian) and one pass with the Hessian: within
+    REFERENCE_DECREMENT posterior sds of the MAP, with the Laplace fit the proposals use
+    centred within a few thousandths of a posterior sd of it, in fewer passes than the
+    full-data search. With REFERENCE_DECREMENT = 0 the Newton steps polish it to the MAP,
+    as before."""
     monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 20_000)
     n = 200_000
     x, y = logistic_data(n, seed=3)
     model = logistic_model(x, y)
     with model:
         tall = MinibatchBarker(control_variate=control_variate, tune=False)
-        monkeypatch.setattr(reference_module, "SUBSAMPLE_SPREAD", 0.0)
+        monkeypatch.setattr(reference_module, "REFERENCE_DECREMENT", 0.0)
         polished = MinibatchBarker(control_variate=control_variate, tune=False)
         monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 10**9)  # full-data search
         full = MinibatchBarker(control_variate=control_variate, tune=False)
     a, p, b = tall.control_variate, polished.control_variate, full.control_variate
-    assert a.passes.subsample_reference and not a.map_converged
+    assert a.passes.subsample_reference and a.map_decrement <= 1.0
     assert not p.passes.subsample_reference and p.map_converged
     assert b.map_decrement <= cv_module.MAP_TOLERANCE
     sd = np.sqrt(np.diag(b.laplace_covariance()))
-    offset = np.abs(a.reference.theta - b.reference.theta) / sd
-    assert 0.3 < np.max(offset) and a.map_decrement < 2.0 * math.sqrt(2 * n / 20_000)
-    assert np.all(np.abs(a.reference.laplace_mean() - b.reference.theta) / sd < 0.05)
+    assert np.all(np.abs(a.reference.laplace_mean() - b.reference.theta) / sd < 5e-3)
     assert np.all(np.abs(p.reference.theta - b.reference.theta) / sd < 3e-3)
     assert np.allclose(b.reference.laplace_mean(), b.reference.theta, atol=1e-3 * sd.min())
-    # One full pass, plus the subsample's rows read by L-BFGS-B.
-    assert a.setup_evaluations % n != 0 and tall.setup_passes < 2 <= polished.setup_passes
-    assert polished.setup_passes < full.setup_passes
+    # Gradient passes and one with the Hessian, plus the subsample's rows read by L-BFGS-B.
+    assert a.setup_evaluations % n != 0 and a.passes.hessian_passes == 1
+    assert p.passes.hessian_passes >= 2 and tall.setup_passes < polished.setup_passes
     surrogate = tall.surrogate_posterior().laplace
     np.testing.assert_array_equal(surrogate.reference, a.reference.theta)
     np.testing.assert_allclose(surrogate.theta_hat, a.reference.laplace_mean())
+    # The subsample's mode alone is several posterior sds off: the passes matter.
+    monkeypatch.setattr(reference_module, "SUBSAMPLE_ROWS", 20_000)
+    passes = reference_module.TaylorPasses(tall.likelihood, "test")
+    start = passes._subsample_mode(np.zeros(2), passes._subsample_rows())
+    assert np.max(np.abs(start - b.reference.theta) / sd) > 0.3
 
 
 def test_delta_star_is_unbiased_with_the_right_variance(logistic):

@@ -216,7 +216,20 @@ class PredictorPasses(TaylorPasses):
         """Log-likelihood, ``A`` and ``B`` at ``x``: one counted pass over the rows."""
         parts = self.store.reduce(self._chunk_sums, x)
         self.evaluations += self.store.n_rows
+        self.hessian_passes += 1
         return add_chunks(parts)  # type: ignore[return-value]
+
+    def _chain_rule(self, x: NDArray[np.float64], a: NDArray[np.float64],
+                    b: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The θ-space gradient and Hessian from ``A`` and ``B`` at ``x``."""
+        an = self.analysis
+        jac = an.jacobian(x)
+        return jac.T @ a, jac.T @ b @ jac + an.curvature(x, a)
+
+    def hessian_on(self, x: NDArray[np.float64], rows: list[NDArray[Any]]) -> NDArray[np.float64]:
+        """The θ-space Hessian of the log-likelihood of ``rows`` at ``x`` (not counted)."""
+        _, a, b = self._chunk_sums(x, *rows)
+        return self._chain_rule(x, a, b)[1]
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> PredictorReference:
         """``A``, ``B`` (and the θ-space G, H by the chain rule) at ``x``, checked finite."""
@@ -225,9 +238,7 @@ class PredictorPasses(TaylorPasses):
             loglik, a, b = self.sums(x)
         ok = math.isfinite(loglik) and np.all(np.isfinite(a)) and np.all(np.isfinite(b))
         if ok:
-            jac = an.jacobian(x)
-            g = jac.T @ a
-            h = jac.T @ b @ jac + an.curvature(x, a)
+            g, h = self._chain_rule(x, a, b)
             ok = np.all(np.isfinite(g)) and np.all(np.isfinite(h))
         if not ok:
             raise ControlVariateError(

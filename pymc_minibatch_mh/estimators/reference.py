@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
+import scipy.linalg
 from numpy.typing import NDArray
 from pytensor.gradient import grad
 from scipy import optimize
@@ -35,7 +36,7 @@ from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
-__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "SUBSAMPLE_SPREAD", "ChunkSums", "TaylorPasses",
+__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "REFERENCE_DECREMENT", "ChunkSums", "TaylorPasses",
            "add_chunks"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
@@ -46,9 +47,14 @@ MAP_TOLERANCE: float = 1e-3
 #: than four times as many rows (:meth:`TaylorPasses.find_map`).
 SUBSAMPLE_ROWS: int = 50_000
 
-#: How many times the spread of a subsample's mode (``√(d N / m)`` posterior sds, in the
-#: Newton decrement) the subsample's mode may be from the data's and still be θ̂.
-SUBSAMPLE_SPREAD: float = 2.0
+#: Largest Newton decrement (≈ distance to the mode in posterior sds, over all
+#: dimensions) of a θ̂ found from a subsample's mode without the Newton polish
+#: (:meth:`TaylorPasses.find_map`).
+REFERENCE_DECREMENT: float = 1.0
+
+#: Most gradient passes that bring a subsample's mode near the data's
+#: (:meth:`TaylorPasses._gradient_steps`).
+GRADIENT_STEPS: int = 6
 
 # PyTensor mode of the full-data passes (MAP search and G, H): PyTensor's default,
 # "FAST_RUN", which is the C virtual machine on PyTensor 2 (1–3 × faster than Numba there
@@ -122,6 +128,8 @@ class TaylorPasses:
         self.dim = likelihood.point_map.size
         #: Rows evaluated by full passes since the passes were built.
         self.evaluations = 0
+        #: Full passes with the Hessian (the costly kind) since the passes were built.
+        self.hessian_passes = 0
         #: Newton decrement at the MAP found by :meth:`find_map` (NaN before).
         self.map_decrement = math.nan
         #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
@@ -214,6 +222,7 @@ class TaylorPasses:
              f"{self.store.n_rows:,} rows ({'gradient and Hessian' if hessian else 'gradient'})")
         parts = self.store.reduce(self.hessian_sums if hessian else self.gradient_sums, x)
         self.evaluations += self.store.n_rows
+        self.hessian_passes += hessian
         return add_chunks(parts)
 
     def reference_at(self, x: NDArray[np.float64], what: str) -> TaylorReference:
@@ -324,40 +333,48 @@ class TaylorPasses:
         return self.likelihood.point_map.to_flat(values)
 
     def find_map(self, x0: NDArray[np.float64], strict: bool = True) -> TaylorReference:
-        """θ̂ of the control variates: a subsample's mode on tall data, else the full data's.
+        """θ̂ of the control variates: near the mode in a few passes on tall data.
 
-        With more than ``4 ·`` :data:`SUBSAMPLE_ROWS` rows, L-BFGS-B on an evenly spaced
-        subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood scaled by ``N/m``)
-        gives a point, and **one full pass** there gives the exact full-data sums. That
-        point is θ̂ (:meth:`_subsample_reference`) when the Laplace fit exists there and
-        its Newton decrement is within :data:`SUBSAMPLE_SPREAD` times what the
-        subsample's own spread explains: the control variates are unbiased at any θ̂,
-        the residuals' variance grows only by about the decrement squared over N (see
-        the module's guide page), and the surrogate's Laplace fit is centred one Newton
-        step away, at :meth:`~pymc_minibatch_mh.core.control_variate.TaylorReference.laplace_mean`.
-        Otherwise the trust-region Newton steps (``_newton``: one full pass per point
-        tried) polish that point to :data:`MAP_TOLERANCE`, and if they do not reach it
-        (or with fewer rows) the search is L-BFGS-B on the full data (one pass per
-        evaluation), then the Newton steps.
+        With more than ``4 ·`` :data:`SUBSAMPLE_ROWS` rows: L-BFGS-B on an evenly spaced
+        subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood scaled by ``N/m``;
+        no full pass) gives a start about ``√(N/m)`` posterior sds from the mode per
+        dimension; Newton steps with the subsample's Hessian and the full data's
+        gradient (:meth:`_gradient_steps`: gradient passes, much cheaper than passes
+        with the Hessian) bring it within about one posterior sd, and **one pass with the
+        Hessian** there gives the exact sums. That point is θ̂ when its Newton decrement
+        is at most :data:`REFERENCE_DECREMENT`: the control variates are unbiased at any
+        point and the residuals barely grow within a posterior sd of the mode, and the
+        proposals' Laplace fit is centred one Newton step from it
+        (:meth:`~pymc_minibatch_mh.core.control_variate.TaylorReference.laplace_mean`).
+        Otherwise (no Laplace fit on the subsample, gradient steps that do not contract,
+        or a larger decrement), trust-region Newton steps (``_newton``: one pass with
+        the Hessian per point tried) polish the point to :data:`MAP_TOLERANCE`, and if
+        they do not reach it (or with fewer rows) the search is L-BFGS-B on the full data
+        (one gradient pass per evaluation), then the Newton steps.
 
         With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
         polishing fails, e.g. where the log posterior is not concave) returns the
         reference at the last point reached instead of raising, provided the
         log-likelihood and its derivatives are finite there. :attr:`map_decrement` says
         how far θ̂ is from the mode; :attr:`map_converged` whether it is the mode (to
-        the tolerance) and :attr:`subsample_reference` whether θ̂ is the subsample's.
+        the tolerance) and :attr:`subsample_reference` whether θ̂ came from the
+        subsample's path without the Newton polish.
         """
         ref, decrement, message = None, math.inf, "not run (subsample start)"
         self.subsample_reference = False
         evaluate = self._evaluator()
-        start = self._subsample_mode(x0)
+        rows = self._subsample_rows()
+        start = None if rows is None else self._subsample_mode(x0, rows)
         if start is not None:
-            ref, decrement = self._subsample_reference(start, evaluate)
-            if ref is not None:
-                self.map_converged = decrement <= MAP_TOLERANCE
-                self.map_decrement = decrement
-                self.subsample_reference = True
-                return ref
+            near = self._gradient_steps(start, rows)
+            if near is not None:
+                start = near
+                ref, decrement = evaluate(near)[0], evaluate(near)[3]
+                if ref is not None and decrement <= REFERENCE_DECREMENT:
+                    self.map_converged = decrement <= MAP_TOLERANCE
+                    self.map_decrement = decrement
+                    self.subsample_reference = True
+                    return ref
             ref, decrement = self._newton(start, evaluate)
         if not decrement <= MAP_TOLERANCE:
             with np.errstate(all="ignore"):
@@ -379,28 +396,50 @@ class TaylorPasses:
             "iterations, or the posterior mean of a short run), or use control_variate=None."
         )
 
-    def _subsample_reference(
-        self, x: NDArray[np.float64], evaluate: Any
-    ) -> tuple[TaylorReference | None, float]:
-        """The reference at a subsample's mode (one full pass), or None and its decrement.
+    def hessian_on(self, x: NDArray[np.float64], rows: list[NDArray[Any]]) -> NDArray[np.float64]:
+        """The Hessian of the log-likelihood of ``rows`` at ``x`` (not counted)."""
+        return self.hessian_sums(x, *rows)[2]
 
-        None when the pass fails, the Laplace fit does not exist there (the Hessian of
-        the log posterior is not negative definite: a curved hierarchical posterior), or
-        the Newton decrement exceeds :data:`SUBSAMPLE_SPREAD` ``· √(d N / m)``: a
-        subsample's mode is about ``√(N/m − 1)`` posterior sds from the full data's per
-        dimension, so a larger distance says the subsample's search did not converge or
-        the subsample is not like the data. The pass is the first of the Newton steps
-        that follow then (``evaluate`` caches it), so it is never made twice.
+    def _gradient_steps(self, x: NDArray[np.float64],
+                        rows: list[NDArray[Any]]) -> NDArray[np.float64] | None:
+        """From a subsample's mode to within about a posterior sd of the data's mode.
+
+        Newton steps ``x ← x + P⁻¹ g(x)`` with the full data's gradient of the log
+        posterior ``g`` (one gradient pass each) and a fixed precision ``P``: the
+        subsample's, scaled by ``N/m`` (plus the prior's), whose relative error of a few
+        per cent makes each step shrink the decrement ``√(gᵀP⁻¹g)`` about tenfold or
+        more. Once the decrement is at most :data:`REFERENCE_DECREMENT`, or the next one
+        predicted from the last contraction will be, it takes that step and stops
+        (without the pass that would confirm it: the pass with the Hessian at θ̂
+        measures it).
+        None when ``P`` is not positive definite (a curved posterior), or a step does
+        not halve the decrement, or after :data:`GRADIENT_STEPS` passes.
         """
         n, m = self.store.n_rows, SUBSAMPLE_ROWS
-        ref, _, _, decrement = evaluate(x)
-        if ref is None or not math.isfinite(decrement):
-            return None, decrement
-        if decrement > SUBSAMPLE_SPREAD * math.sqrt(self.dim * n / m):
-            note(f"the subsample's mode is {decrement:.3g} posterior sds from the data's "
-                 "mode, more than its spread explains: Newton steps on the full data")
-            return None, decrement
-        return ref, decrement
+        with np.errstate(all="ignore"):
+            h = n / m * self.hessian_on(x, rows)
+            prior_h = self.prior(x, hessian=True)[2]
+            try:
+                factor = scipy.linalg.cho_factor(-(h + prior_h))
+            except (np.linalg.LinAlgError, ValueError):
+                return None
+        previous = math.inf
+        for _ in range(GRADIENT_STEPS):
+            loglik, g, _ = self._full_pass(x, hessian=False)
+            g_post = g + self.prior(x)[1]
+            with np.errstate(all="ignore"):
+                step = scipy.linalg.cho_solve(factor, g_post)
+            decrement = math.sqrt(max(float(g_post @ step), 0.0))
+            if not (math.isfinite(loglik) and math.isfinite(decrement)):
+                return None
+            predicted = decrement * decrement / previous if math.isfinite(previous) else math.inf
+            if min(decrement, predicted) <= REFERENCE_DECREMENT:
+                return x + step  # a last step: from within a sd it contracts further
+            if decrement > previous / 2:
+                return None
+            x = x + step
+            previous = decrement
+        return None
 
     def _negative_log_posterior(self, x: NDArray[np.float64]) -> tuple[float, Any]:
         """Minus the full-data log posterior and its gradient (one gradient pass)."""
@@ -419,16 +458,20 @@ class TaylorPasses:
             return math.inf, np.zeros_like(x)
         return value, -(scale * g + prior_g)
 
-    def _subsample_mode(self, x0: NDArray[np.float64]) -> NDArray[np.float64] | None:
-        """L-BFGS-B's mode with ``N/m ·`` the log-likelihood of ``m`` evenly spaced rows.
+    def _subsample_rows(self) -> list[NDArray[Any]] | None:
+        """:data:`SUBSAMPLE_ROWS` evenly spaced rows, or None with at most ``4 m`` rows.
 
-        None when the data have at most ``4 m`` rows (the full data are searched then).
-        The ``m`` rows are read once and counted in :attr:`evaluations`.
+        Read once; the rows evaluated on them are counted in :attr:`evaluations`.
         """
         n, m = self.store.n_rows, SUBSAMPLE_ROWS
         if n <= 4 * m:
             return None
-        rows = self.store.rows(np.linspace(0, n - 1, m).round().astype(np.int64))
+        return self.store.rows(np.linspace(0, n - 1, m).round().astype(np.int64))
+
+    def _subsample_mode(self, x0: NDArray[np.float64],
+                        rows: list[NDArray[Any]]) -> NDArray[np.float64] | None:
+        """L-BFGS-B's mode with ``N/m ·`` the log-likelihood of the ``m`` subsample rows."""
+        n, m = self.store.n_rows, SUBSAMPLE_ROWS
         scale = n / m
 
         def objective(x: NDArray[np.float64]) -> tuple[float, Any]:
