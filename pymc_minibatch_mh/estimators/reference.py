@@ -53,7 +53,7 @@ SUBSAMPLE_ROWS: int = 50_000
 REFERENCE_DECREMENT: float = 1.0
 
 #: Most gradient passes that bring a subsample's mode near the data's
-#: (:meth:`TaylorPasses._gradient_steps`).
+#: (the gradient steps of :meth:`TaylorPasses.find_map`).
 GRADIENT_STEPS: int = 6
 
 # PyTensor mode of the full-data passes (MAP search and G, H): PyTensor's default,
@@ -339,7 +339,7 @@ class TaylorPasses:
         subsample of :data:`SUBSAMPLE_ROWS` rows (its log-likelihood scaled by ``N/m``;
         no full pass) gives a start about ``√(N/m)`` posterior sds from the mode per
         dimension; Newton steps with the subsample's Hessian and the full data's
-        gradient (:meth:`_gradient_steps`: gradient passes, much cheaper than passes
+        gradient (``_gradient_steps``: gradient passes, much cheaper than passes
         with the Hessian) bring it within about one posterior sd, and **one pass with the
         Hessian** there gives the exact sums. That point is θ̂ when its Newton decrement
         is at most :data:`REFERENCE_DECREMENT`: the control variates are unbiased at any
@@ -514,7 +514,7 @@ class TaylorPasses:
         """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
 
         SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
-        it tries costs one pass (``evaluate``, from :meth:`_evaluator`), and it stops, through its
+        it tries costs one pass (``evaluate``, from ``_evaluator``), and it stops, through its
         callback, as soon as the Newton decrement at an accepted point is below
         :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the Hessian is
         not negative definite or the posterior is a curved ridge (a non-centred
