@@ -265,7 +265,7 @@ class TaylorReference:
         ``θ̂ + Σ_K (G/K + ∇log p0(θ̂))``, with ``Σ_K`` the :meth:`laplace_covariance`:
         the mode of the surrogate's quadratic part, which is θ̂ itself when θ̂ is the mode
         and, from a θ̂ found on a subsample (many posterior sds away at large N), lands
-        within a small fraction of a posterior sd of it. θ̂ when :attr:`prior_gradient`
+        within a small fraction of a posterior sd of it. θ̂ when ``prior_gradient``
         is None.
 
         Raises

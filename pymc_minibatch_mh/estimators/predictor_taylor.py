@@ -33,8 +33,9 @@ not reach :data:`~pymc_minibatch_mh.estimators.reference.MAP_TOLERANCE` (where t
 posterior is not concave in θ, as in the funnel of a hierarchical model, the Newton
 decrement is infinite) the last point reached is accepted: any θ̂ gives an unbiased
 estimator, and what the residuals need is that every ``q̂_i`` is near the bulk of its
-posterior, which holds after L-BFGS-B. The decrement is reported in
-``map_decrement`` and :attr:`~PredictorTaylorEstimator.map_converged`
+posterior, which holds after L-BFGS-B. The decrement is reported in ``map_decrement``
+and
+:attr:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator.map_converged`
 (information, not an error).
 
 **Selection** (:func:`~pymc_minibatch_mh.estimators.predictor_analysis.select`, used by ``control_variate="taylor"``): this expansion when
