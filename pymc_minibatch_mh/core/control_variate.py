@@ -260,13 +260,19 @@ class TaylorReference:
         return inv.T @ inv
 
     def laplace_mean(self, temperature: float = 1.0) -> NDArray[np.float64]:
-        """Mean of the Laplace approximation: one Newton step from θ̂ on the posterior.
+        """Mean of the Laplace approximation (see :meth:`laplace_fit`)."""
+        return self.laplace_fit(temperature)[0]
 
-        ``θ̂ + Σ_K (G/K + ∇log p0(θ̂))``, with ``Σ_K`` the :meth:`laplace_covariance`:
-        the mode of the surrogate's quadratic part, which is θ̂ itself when θ̂ is the mode
-        and, from a θ̂ found on a subsample (many posterior sds away at large N), lands
-        within a small fraction of a posterior sd of it. θ̂ when ``prior_gradient``
-        is None.
+    def laplace_fit(
+        self, temperature: float = 1.0
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Mean and covariance of the Laplace approximation of the (tempered) posterior.
+
+        The covariance is :meth:`laplace_covariance`, ``Σ_K``; the mean is one Newton step
+        from θ̂, ``θ̂ + Σ_K (G/K + ∇log p0(θ̂))``: the mode of the surrogate's quadratic
+        part, which is θ̂ itself when θ̂ is the mode and, from a θ̂ within about a
+        posterior sd of it (found from a subsample on tall data), lands within a small
+        fraction of a posterior sd of it. The mean is θ̂ when ``prior_gradient`` is None.
 
         Raises
         ------
@@ -276,8 +282,9 @@ class TaylorReference:
         """
         cov = self.laplace_covariance(temperature)
         if self.prior_gradient is None:
-            return np.array(self.theta)
-        return self.theta + cov @ (self.gradient / float(temperature) + self.prior_gradient)
+            return np.array(self.theta), cov
+        mean = self.theta + cov @ (self.gradient / float(temperature) + self.prior_gradient)
+        return mean, cov
 
     def distance(self, x: ArrayLike) -> float:
         """Distance of a state from θ̂ in the Laplace metric, per dimension.

@@ -4,13 +4,13 @@
 the log-likelihood's sum, gradient G and Hessian H at a point (Hessian-vector products,
 one per coordinate), and finds θ̂ as the mode of the full-data log posterior over the
 sampled variables (flat, transformed space; the other free variables held at the initial
-point). On tall data θ̂ is the mode of a subsample's posterior, with one full pass there
-(the sums are exact, θ̂ need not be the mode: :meth:`TaylorPasses.find_map`); otherwise
-SciPy's L-BFGS-B on the compiled full-data log posterior and its gradient, then
-trust-region Newton steps (SciPy's ``trust-exact``, one pass each) until the Newton
-decrement (the distance to the mode in posterior standard deviations) is below
-:data:`MAP_TOLERANCE`. Every row
-evaluated is counted in :attr:`TaylorPasses.evaluations`. The estimator that uses θ̂, G and H is
+point). On tall data θ̂ comes from a subsample's mode by gradient passes and one pass
+with the Hessian, within a posterior sd of the mode (the sums are exact, θ̂ need not be
+the mode: :meth:`TaylorPasses.find_map`); otherwise SciPy's L-BFGS-B on the compiled
+full-data log posterior and its gradient, then trust-region Newton steps (SciPy's
+``trust-exact``, one pass each) until the Newton decrement (the distance to the mode in
+posterior standard deviations) is below :data:`MAP_TOLERANCE`. Every row evaluated is
+counted in :attr:`TaylorPasses.evaluations`. The estimator that uses θ̂, G and H is
 :mod:`~pymc_minibatch_mh.estimators.taylor`.
 """
 
@@ -36,15 +36,15 @@ from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
-__all__ = ["MAP_TOLERANCE", "SUBSAMPLE_ROWS", "REFERENCE_DECREMENT", "ChunkSums", "TaylorPasses",
-           "add_chunks"]
+__all__ = ["GRADIENT_STEPS", "MAP_TOLERANCE", "REFERENCE_DECREMENT", "SUBSAMPLE_ROWS",
+           "ChunkSums", "TaylorPasses", "add_chunks"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
 MAP_TOLERANCE: float = 1e-3
 
-#: Rows of the subsample whose mode is θ̂ (or starts the MAP search) on data with more
-#: than four times as many rows (:meth:`TaylorPasses.find_map`).
+#: Rows of the subsample whose mode starts the search for θ̂ on data with more than four
+#: times as many rows (:meth:`TaylorPasses.find_map`).
 SUBSAMPLE_ROWS: int = 50_000
 
 #: Largest Newton decrement (≈ distance to the mode in posterior sds, over all
@@ -134,7 +134,8 @@ class TaylorPasses:
         self.map_decrement = math.nan
         #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
         self.map_converged = False
-        #: Whether :meth:`find_map` took a subsample's mode as θ̂ (one full pass).
+        #: Whether :meth:`find_map` found θ̂ from a subsample's mode without the Newton
+        #: polish (gradient passes and one pass with the Hessian).
         self.subsample_reference = False
         self._build_graphs(likelihood.graphs)
 
@@ -369,7 +370,7 @@ class TaylorPasses:
             near = self._gradient_steps(start, rows)
             if near is not None:
                 start = near
-                ref, decrement = evaluate(near)[0], evaluate(near)[3]
+                ref, _, _, decrement = evaluate(near)
                 if ref is not None and decrement <= REFERENCE_DECREMENT:
                     self.map_converged = decrement <= MAP_TOLERANCE
                     self.map_decrement = decrement
@@ -489,8 +490,8 @@ class TaylorPasses:
         """A cache of the passes of one search: ``x -> (ref, log post, gradient, decrement)``.
 
         One pass per point (:meth:`reference_at`: value, G and H together); it keeps the
-        accepted point and the last trial, so the pass at a subsample's mode is not
-        repeated by the Newton steps that start there.
+        accepted point and the last trial, so the pass where the gradient steps ended is
+        not repeated by the Newton steps that start there.
         """
         @functools.lru_cache(maxsize=2)
         def at(key: bytes) -> tuple[TaylorReference | None, float, Any, float]:

@@ -265,7 +265,9 @@ class TaylorEstimator(RatioEstimator):
     def map_decrement(self) -> float:
         """Newton decrement at θ̂ the step found: its distance to the mode in posterior sds.
 
-        NaN with a user reference; several sds when θ̂ is a subsample's mode.
+        NaN with a user reference; up to
+        :data:`~pymc_minibatch_mh.estimators.reference.REFERENCE_DECREMENT` when θ̂ was
+        found from a subsample's mode.
         """
         return self.passes.map_decrement
 

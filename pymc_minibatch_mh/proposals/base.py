@@ -161,8 +161,8 @@ class Proposal(ABC):
 
         Tuning draws are discarded, so any start is valid. θ̂ is where the control
         variates' set-up read every row, so the step's start check needs no full pass
-        there (``check_start``), and it is near the posterior's bulk (the mode, or a
-        subsample's mode a few posterior sds away on tall data). Not a draw of the Laplace
+        there (``check_start``), and it is near the posterior's bulk (within a posterior sd
+        of the mode). Not a draw of the Laplace
         fit: on a hierarchical model that fit is poor, and a draw far from the data's fit
         (where the expansions are poor) can hold the chain, since from there every move
         towards θ̂ lowers the residual and is rejected.

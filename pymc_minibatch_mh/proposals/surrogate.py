@@ -55,8 +55,8 @@ class GaussianSurrogate:
         The point the fit was computed at: the control variates' θ̂, where the step's
         set-up read every row (a full pass), so that tuned chains start there
         (:meth:`~pymc_minibatch_mh.proposals.base.Proposal.start_point`) without a pass
-        of their own. Default: ``theta_hat``. It differs from the mean when θ̂ is a
-        subsample's mode (the mean is then one Newton step from it).
+        of their own. Default: ``theta_hat``. It differs from the mean when θ̂ is not
+        the mode (the mean is then one Newton step from it).
 
     Attributes
     ----------
@@ -143,8 +143,8 @@ class GaussianSurrogate:
                 "cov is numerically singular (a zero pivot in its Cholesky factor); add a "
                 "small multiple of the identity (jitter) to cov."
             )
-        reference = mean if self.reference is None else np.array(self.reference,
-                                                                 dtype=np.float64)
+        reference = (mean.copy() if self.reference is None
+                     else np.array(self.reference, dtype=np.float64))
         if reference.shape != (d,) or not np.all(np.isfinite(reference)):
             raise ValueError(
                 f"reference must be a finite vector of length {d}, like theta_hat; got "
@@ -158,7 +158,7 @@ class GaussianSurrogate:
         # gradients computed from these factors, which must not change under them.
         for name, value in (
             ("theta_hat", mean),
-            ("reference", reference if self.reference is not None else mean.copy()),
+            ("reference", reference),
             ("cov", cov),
             ("chol", chol),
             ("precision", precision),

@@ -733,10 +733,8 @@ class MinibatchStep(MinibatchStepBase):
             if cv is None:
                 raise ValueError("The surrogate posterior needs control_variate='taylor'.")
             inv_t = 1.0 / self._temperature
-            ref, temperature = cv.reference, self._temperature
-            laplace = GaussianSurrogate(ref.laplace_mean(temperature),
-                                        ref.laplace_covariance(temperature),
-                                        reference=ref.theta)
+            mean, cov = cv.reference.laplace_fit(self._temperature)
+            laplace = GaussianSurrogate(mean, cov, reference=cv.reference.theta)
             flat = lik.graphs.flat
 
             def log_density(x: np.ndarray) -> float:
