@@ -114,6 +114,31 @@ class PredictorAnalysis:
             self.n_coef, x.size
         )
 
+    def own_coordinates(self, x: NDArray[np.float64]) -> list[tuple[int, int, float, slice]]:
+        """Each group's own coordinate: ``(k, m, slope, term)`` per group effect.
+
+        ``k`` is a coefficient of a per-row-index term (one group's effect, as
+        ``mu + tau * z[group]``), ``m`` the one coordinate of the flat state that moves
+        ``c_k`` and no other coefficient of that term (``z[j]``), ``slope`` is
+        ``∂c_k/∂θ_m`` and ``term`` the term's slice of the coefficients, all read from the
+        Jacobian at ``x`` (no data). Coordinates claimed by two coefficients are left out.
+        """
+        jac = self.jacobian(x)
+        moves = jac != 0.0
+        found: list[tuple[int, int, float, slice]] = []
+        for term, sl in zip(self.terms, self.slices, strict=True):
+            block = moves[sl]
+            if term.kind != "index" or block.shape[0] < 2:
+                continue
+            own = block & (block.sum(axis=0) == 1)  # columns that move one coefficient
+            for r, row in enumerate(own):
+                cols = np.flatnonzero(row)
+                if cols.size == 1:
+                    k, m = sl.start + r, int(cols[0])
+                    found.append((k, m, float(jac[k, m]), sl))
+        claimed = np.bincount([f[1] for f in found], minlength=x.size)
+        return [f for f in found if claimed[f[1]] == 1]
+
     def step_functions(self) -> tuple[Any, Any]:
         """``(c(x), (∂c/∂θ)ᵀ v)`` compiled with the step's backend (first use compiles).
 

@@ -237,6 +237,36 @@ class PredictorTaylorEstimator(TaylorEstimator):
             gradient = gradient + np.asarray(self._exact_proxy(x)[1])
         return gradient
 
+    def centring(self, temperature: float) -> tuple[NDArray[np.int64], Any] | None:
+        """The groups whose effects the surrogate's NUTS samples centred, or None.
+
+        A group's own coordinate ``z_j`` (:meth:`PredictorAnalysis.own_coordinates
+        <pymc_minibatch_mh.estimators.predictor_analysis.PredictorAnalysis.own_coordinates>`)
+        is chosen when the data fix the effect ``c_j`` better than the groups' spread
+        does: when the likelihood's curvature along ``c_j`` at θ̂ (at the step's
+        temperature), ``h_j = −H_mm / slope²``, exceeds ``1 / s²``, with ``s²`` the mean
+        square of the term's effects at θ̂ (an estimate of the groups' variance; the
+        scale parameter at θ̂ itself is not one: the joint mode of a non-centred model
+        inflates it). Such a group's non-centred coordinates form a narrow ridge in
+        ``(scale, z_j)``; a group with few rows stays non-centred (centred, it would make
+        a funnel). Returns the flat positions of the chosen coordinates and the graph of
+        their coefficients ``c_j`` (of the likelihood's flat state), for
+        :class:`~pymc_minibatch_mh.proposals.surrogate.Centring`.
+        """
+        ref = self.reference
+        if ref is None:
+            return None
+        found = self.analysis.own_coordinates(ref.theta)
+        data = -np.diag(ref.hessian) / float(temperature)
+        chosen = [(k, m) for k, m, slope, term in found
+                  if data[m] / slope**2 * np.mean(ref.coef[term] ** 2) > 1.0]
+        if not chosen:
+            return None
+        coefs, positions = (np.array(v, dtype=np.int64) for v in zip(*chosen, strict=True))
+        _log.info("%s: the surrogate's NUTS samples %d group effects centred (the data fix "
+                  "them more than the prior)", self.step_name, positions.size)
+        return positions, self.analysis.coef[coefs]
+
     def _compile_delta(self, graphs: Any) -> Any:
         an = self.analysis
         m = len(an.predictors.quantities)

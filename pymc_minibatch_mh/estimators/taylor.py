@@ -421,6 +421,15 @@ class TaylorEstimator(RatioEstimator):
         """
         return self.reference.proxy_gradient(x)
 
+    def centring(self, temperature: float) -> tuple[NDArray[np.int64], Any] | None:
+        """Group effects to sample centred on the surrogate: none in θ space.
+
+        The expansion in the per-row quantities, which knows the groups, overrides it
+        (:meth:`PredictorTaylorEstimator.centring
+        <pymc_minibatch_mh.estimators.predictor_taylor.PredictorTaylorEstimator.centring>`).
+        """
+        return None
+
     # ---------------------------------------------------------------- reporting
     def reference_point(self) -> dict[str, NDArray[np.float64]]:
         """θ̂ as a point dict of the sampled (value) variables."""

@@ -241,14 +241,23 @@ def full_adapt_potential(dim: int, mean: Any, cov: Any, initial_weight: int) -> 
         return QuadPotentialFullAdapt(dim, mean, cov, initial_weight=initial_weight)
 
 
-def adaptation_window(potential: Any) -> int:
-    """The current adaptation window of a ``QuadPotentialFullAdapt`` (it doubles while tuning)."""
-    return int(potential.adaptation_window)
+def diag_adapt_potential(dim: int, mean: Any, var: Any, initial_weight: int) -> Any:
+    """PyMC's adapted diagonal mass matrix, started from ``var`` (weight ``initial_weight``)."""
+    from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
+
+    return QuadPotentialDiagAdapt(dim, mean, var, initial_weight)
 
 
-def set_adaptation_window(potential: Any, window: int) -> None:
+def adaptation_window(potential: Any) -> int | None:
+    """The adaptation window of a ``QuadPotentialFullAdapt`` (it doubles while tuning), or None."""
+    window = getattr(potential, "adaptation_window", None)
+    return None if window is None else int(window)
+
+
+def set_adaptation_window(potential: Any, window: int | None) -> None:
     """Set the adaptation window of a ``QuadPotentialFullAdapt`` (PyMC's reset keeps the last)."""
-    potential.adaptation_window = int(window)
+    if window is not None:
+        potential.adaptation_window = int(window)
 
 
 def set_step_tuning(step: Any, tune: bool) -> None:

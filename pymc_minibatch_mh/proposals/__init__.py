@@ -14,11 +14,16 @@ from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
 from pymc_minibatch_mh.proposals.random_walk import RandomWalkProposal
 from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
 from pymc_minibatch_mh.proposals.stiefel import StiefelRandomWalk
-from pymc_minibatch_mh.proposals.surrogate import GaussianSurrogate, SurrogatePosterior
+from pymc_minibatch_mh.proposals.surrogate import (
+    Centring,
+    GaussianSurrogate,
+    SurrogatePosterior,
+)
 from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
 
 __all__ = [
     "BlackjaxNUTSProposal",
+    "Centring",
     "CrankNicolsonProposal",
     "GaussianSurrogate",
     "Proposal",

@@ -6,7 +6,8 @@ with the exact ratio ``q(θ | θ′)/q(θ′ | θ) = π̃(θ)/π̃(θ′)``. Its
 preconditioned by the Laplace fit fail where the posterior is curved: on a hierarchical
 model's ridge in (μ, log τ, z) the right step size and trajectory length change along the
 ridge. NUTS chooses the trajectory's length at every iteration, and PyMC's NUTS adapts
-its step size and a diagonal mass matrix while tuning: :class:`SurrogateNUTSProposal`
+its step size and mass matrix while tuning (dense up to :data:`DENSE_MASS_MAX_DIM`
+dimensions, diagonal above): :class:`SurrogateNUTSProposal`
 runs one iteration of ``pymc.NUTS`` on a model whose only term is ``log π̃`` (the prior,
 with Jacobians, plus the closed-form full-data sum of the control variates' expansions,
 as a PyTensor graph). It touches no data: a leapfrog step costs the gradient of the
@@ -18,6 +19,14 @@ of the state) and mass matrix is reversible with respect to its target, so the l
 While tuning, the kernel adapts and is not reversible; tuning draws are discarded, as for
 every tuned proposal. The inner sampler's randomness comes from a generator spawned from
 the chain's generator at the chain start (:meth:`SurrogateNUTSProposal.start_chain`), which also restarts its adaptation.
+
+Coordinates: when the surrogate posterior carries a
+:class:`~pymc_minibatch_mh.proposals.surrogate.Centring` (group effects that the data fix
+well, in a model written non-centred), NUTS runs on π̃ in those coordinates, with its
+Jacobian, and its end is carried back; the ratio stays ``log π̃(θ) − log π̃(θ′)`` in the
+model's coordinates (see ``Centring``). On the zoo's crossed random intercepts
+(N = 3·10⁴, d = 222) this, with the diagonal mass matrix, took the chain from R-hat 1.86
+to 1.00 (min bulk ESS 630 with PyMC's default draws).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from pymc_minibatch_mh.model.compat import start_inner_chain
 from pymc_minibatch_mh.model.graph import clone_replace
 from pymc_minibatch_mh.model.internals import (
     adaptation_window,
+    diag_adapt_potential,
     full_adapt_potential,
     set_adaptation_window,
     set_step_tuning,
@@ -39,7 +49,15 @@ from pymc_minibatch_mh.model.internals import (
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalState
 from pymc_minibatch_mh.proposals.surrogate import SurrogatePosterior
 
-__all__ = ["SurrogateNUTSProposal"]
+__all__ = ["DENSE_MASS_MAX_DIM", "SurrogateNUTSProposal"]
+
+#: Largest dimension with a dense adapted mass matrix (a diagonal one above). PyMC
+#: estimates the dense matrix from the draws of its adaptation windows, the first of
+#: 101 draws: with more dimensions than about half of that, the estimate is nearly
+#: singular, directions it misses get a tiny mass-matrix variance, so the next windows'
+#: draws do not move along them either, and the kernel freezes there (measured on the
+#: crossed random intercepts, d = 222: within-chain sds of the slopes 0.002 against 0.014).
+DENSE_MASS_MAX_DIM = 50
 
 _Vec = NDArray[np.float64]
 
@@ -76,22 +94,35 @@ class SurrogateNUTSProposal(Proposal):
             raise ValueError(f"n_inner must be an integer ≥ 1, got {n_inner}.")
         self.surrogate = surrogate = posterior.laplace
         self.n_inner = int(n_inner)
+        self.centring = centring = posterior.centring
         dim = surrogate.dim
+        # NUTS runs on π̃ in the posterior's sampling coordinates: the model's own, or
+        # with the group effects that the data fix centred (π̃_φ with its Jacobian).
+        if centring is None:
+            inner, graph = posterior.flat, posterior.graph
+            mean, cov = surrogate.theta_hat, surrogate.cov.copy()
+        else:
+            inner = centring.phi
+            graph = centring.log_density_graph(posterior.graph, posterior.flat)
+            mean = centring.to_phi(surrogate.theta_hat)
+            cov = centring.covariance(surrogate.theta_hat, surrogate.cov)
         with pm.Model(model=None) as self.model:  # a model of its own, never a submodel
-            x = pm.Flat("x", shape=(dim,), initval=surrogate.theta_hat)
-            pm.Potential("surrogate", clone_replace(posterior.graph, {posterior.flat: x}))
+            x = pm.Flat("x", shape=(dim,), initval=mean)
+            pm.Potential("surrogate", clone_replace(graph, {inner: x}))
         # A dense mass matrix, adapted while tuning from the Laplace covariance: on a
         # hierarchical ridge it measured 3 × the effective samples of a diagonal one.
-        potential = full_adapt_potential(dim, surrogate.theta_hat, surrogate.cov.copy(), 10)
+        # Diagonal above DENSE_MASS_MAX_DIM.
+        potential = (full_adapt_potential(dim, mean, cov, 10) if dim <= DENSE_MASS_MAX_DIM
+                     else diag_adapt_potential(dim, mean, np.diag(cov).copy(), 10))
         self.nuts = pm.NUTS(vars=[x], model=self.model, target_accept=target_accept,
                             max_treedepth=max_treedepth, potential=potential)
         self._adaptation_window = adaptation_window(potential)
-        self._log_density = self.model.compile_logp()
+        self._log_density = posterior.log_density
         set_step_tuning(self.nuts, False)
 
     def log_density(self, x: _Vec) -> float:
-        """``log π̃(x)`` up to a constant."""
-        return float(self._log_density({"x": x}))
+        """``log π̃(x)`` up to a constant (in the model's coordinates)."""
+        return float(self._log_density(x))
 
     def start_chain(self, rng: np.random.Generator) -> None:
         """A new chain: NUTS's adaptation restarts, its draws from a spawned generator."""
@@ -120,10 +151,12 @@ class SurrogateNUTSProposal(Proposal):
         self, rng: np.random.Generator, state: ProposalState, scale: float
     ) -> tuple[ProposalState, ProposalInfo]:
         """One NUTS iteration from ``state.x``; its end and ``log π̃(x) − log π̃(x′)``."""
-        new = {"x": state.x}
+        cen = self.centring
+        new = {"x": state.x if cen is None else cen.to_phi(state.x)}
         for _ in range(self.n_inner):
             new, _ = self.nuts.step(new)
-        x_new = np.array(new["x"], dtype=np.float64)
+        x_new = (np.array(new["x"], dtype=np.float64) if cen is None
+                 else cen.to_theta(new["x"]))
         lp = state.log_density if state.log_density == state.log_density else self.log_density(
             state.x)
         lp_new = self.log_density(x_new)

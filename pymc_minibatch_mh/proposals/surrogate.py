@@ -16,6 +16,8 @@ GaussianSurrogate
 SurrogatePosterior
     The data-free surrogate posterior π̃: its log density, gradient and PyTensor graph,
     and its Laplace fit.
+Centring
+    Coordinates in which chosen group effects are centred, for kernels run on π̃.
 
 References
 ----------
@@ -30,10 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytensor
+import pytensor.gradient
+import pytensor.tensor as pt
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["GaussianSurrogate", "SurrogatePosterior"]
+from pymc_minibatch_mh.model.graph import clone_replace
+
+__all__ = ["Centring", "GaussianSurrogate", "SurrogatePosterior"]
 
 #: Relative asymmetry of a covariance matrix tolerated (and then symmetrised).
 _SYMMETRY_RTOL = 1e-8
@@ -208,6 +215,9 @@ class SurrogatePosterior:
         The flat-state input of ``graph``.
     graph : TensorVariable
         ``log π̃`` as a PyTensor graph of ``flat`` (for NUTS on π̃).
+    centring : Centring or None
+        Coordinates for kernels run on π̃ in which the group effects that the data fix
+        are centred (None: the model's own coordinates).
 
     Notes
     -----
@@ -220,3 +230,81 @@ class SurrogatePosterior:
     gradient: Callable[[NDArray[np.float64]], NDArray[np.float64]]
     flat: Any
     graph: Any
+    centring: Centring | None = None
+
+
+class Centring:
+    r"""Coordinates φ = T(θ) in which chosen group effects are centred.
+
+    A model written non-centred, ``c_j = a(θ) + s(θ) z_j`` (``mu + tau * z[group]``), has
+    a narrow curved ridge in ``(log τ, z_j)`` wherever the data fix the effect ``c_j``
+    far better than the prior does: a large group. NUTS on that ridge needs tiny steps
+    and deep trees. In φ the chosen ``z_j`` are replaced by ``u_j = a + s z_j``, the
+    effects themselves, which the data make nearly Gaussian, and the rest of θ is kept.
+
+    ``a`` and ``s`` are computed from the coefficient's graph with the chosen coordinates
+    set to 0 and to 1, so they depend on the other coordinates only: T is a bijection
+    whatever the graph (exactly affine or not) with the inverse
+    ``z_j = (u_j − a) / s`` and ``log |det ∂θ/∂φ| = −Σ log |s_j|``. A kernel reversible
+    with respect to ``π̃_φ(φ) = π̃(T⁻¹φ) |det ∂θ/∂φ|`` is, carried back by ``T⁻¹``,
+    reversible with respect to π̃, so a proposal made that way keeps the exact ratio
+    ``log π̃(θ) − log π̃(θ′)`` in the model's coordinates.
+
+    Parameters
+    ----------
+    flat : TensorVariable
+        The flat-state vector that ``coef`` is a graph of.
+    positions : array_like of int, shape (R,)
+        The flat positions of the chosen coordinates ``z_j``.
+    coef : TensorVariable, shape (R,)
+        The effects ``c_j`` as a graph of ``flat``, in the order of ``positions``.
+
+    Attributes
+    ----------
+    phi : TensorVariable
+        The input vector (φ) of :meth:`log_density_graph`.
+    positions : numpy.ndarray
+        As given.
+
+    """
+
+    def __init__(self, flat: Any, positions: ArrayLike, coef: Any) -> None:
+        idx = np.asarray(positions, dtype=np.int64)
+        if idx.ndim != 1 or idx.size == 0 or np.unique(idx).size != idx.size:
+            raise ValueError(f"positions must be distinct flat positions, got {idx}.")
+        self.positions = idx
+        # a and s of the other coordinates only: the chosen ones replaced by constants.
+        other = flat.type("other")
+        a = clone_replace(coef, {flat: pt.set_subtensor(other[idx], 0.0)})
+        s1 = clone_replace(coef, {flat: pt.set_subtensor(other[idx], 1.0)})
+        s = s1 - a
+        self.phi = phi = flat.type("phi")
+        a_phi, s_phi = clone_replace([a, s], {other: phi})
+        self._theta = pt.set_subtensor(phi[idx], (phi[idx] - a_phi) / s_phi)
+        self._log_jacobian = -pt.sum(pt.log(pt.abs(s_phi)))
+        a_x, s_x = clone_replace([a, s], {other: flat})
+        forward = pt.set_subtensor(flat[idx], a_x + s_x * flat[idx])
+        fast = "FAST_COMPILE"
+        self._to_phi = pytensor.function([flat], forward, mode=fast)
+        self._to_theta = pytensor.function([phi], self._theta, mode=fast)
+        self._jacobian = pytensor.function(
+            [flat], pytensor.gradient.jacobian(forward, flat), mode=fast)
+
+    def to_phi(self, x: ArrayLike) -> NDArray[np.float64]:
+        """``T(θ)``."""
+        return np.asarray(self._to_phi(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+
+    def to_theta(self, phi: ArrayLike) -> NDArray[np.float64]:
+        """``T⁻¹(φ)``."""
+        return np.asarray(self._to_theta(np.asarray(phi, dtype=np.float64)),
+                          dtype=np.float64)
+
+    def log_density_graph(self, graph: Any, flat: Any) -> Any:
+        """``log π̃_φ``: ``graph`` (of ``flat``) at ``T⁻¹(φ)`` plus the log-Jacobian."""
+        return clone_replace(graph, {flat: self._theta}) + self._log_jacobian
+
+    def covariance(self, x: ArrayLike, cov: ArrayLike) -> NDArray[np.float64]:
+        """``J Σ Jᵀ`` with ``J = ∂φ/∂θ`` at ``x``: a covariance carried to φ."""
+        jac = np.asarray(self._jacobian(np.asarray(x, dtype=np.float64)))
+        out = jac @ np.asarray(cov, dtype=np.float64) @ jac.T
+        return 0.5 * (out + out.T)

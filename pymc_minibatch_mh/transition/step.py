@@ -63,7 +63,11 @@ from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note, setup_progress
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalState
 from pymc_minibatch_mh.proposals.registry import PROPOSAL_CODES, make_proposal
-from pymc_minibatch_mh.proposals.surrogate import GaussianSurrogate, SurrogatePosterior
+from pymc_minibatch_mh.proposals.surrogate import (
+    Centring,
+    GaussianSurrogate,
+    SurrogatePosterior,
+)
 from pymc_minibatch_mh.proposals.tuning import ScalingTuner
 from pymc_minibatch_mh.transition.audit import AUDIT_STATS, Audit, check_audit_every
 from pymc_minibatch_mh.transition.inner_steps import merge_stats, resolve_steps_per_draw
@@ -743,9 +747,11 @@ class MinibatchStep(MinibatchStepBase):
             def gradient(x: np.ndarray) -> np.ndarray:
                 return cv.proxy_gradient(x) * inv_t + lik.prior_gradient(x)
 
+            chosen = cv.centring(self._temperature)
             self._posterior = SurrogatePosterior(
                 laplace, log_density, gradient, flat,
                 lik.graphs.prior + cv.proxy_graph(flat) * inv_t,
+                None if chosen is None else Centring(flat, *chosen),
             )
         return self._posterior
 
