@@ -15,8 +15,8 @@ store hands them out:
   (:class:`~pymc_minibatch_mh.core.rows.PartialShuffleRows`), O(rows) per step; from a
   ``.npy`` file only those rows are read;
 - :meth:`RowStore.rows`: rows by position;
-- :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views,
-  no copy; pages of mapped files are handed back after each chunk), for the start-point
+- :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views
+  of arrays in memory; chunks of ``.npy`` files read with ``pread``), for the start-point
   check, the MAP search, the control variates' sums and tests that need every row;
 - ``RowStore.n_rows``: N.
 
@@ -243,11 +243,18 @@ class RowStore:
             )
         self.arrays = tuple(self._local(i, v) if i in self.data else np.ascontiguousarray(v)
                             for i, v in enumerate(values))
-        # How rows at given positions are read: pread(2) for .npy files, else indexing.
-        self._readers = tuple(
-            self._opened[i][3].read_rows if i in self._opened and self._opened[i][3] is not None
-            else a.__getitem__ for i, a in enumerate(self.arrays)
-        )
+        # How rows at given positions, and consecutive rows, are read: pread(2) for .npy
+        # files (never through their mapping, whose pages a truncated file turns into a
+        # bus error), else indexing.
+        files = [self._opened[i][3] if i in self._opened else None
+                 for i in range(len(self.arrays))]
+        self._readers = tuple(a.__getitem__ if f is None else f.read_rows
+                              for f, a in zip(files, self.arrays, strict=True))
+        self._slicers = tuple((lambda start, stop, a=a: a[start:stop]) if f is None
+                              else f.read_block for f, a in zip(files, self.arrays, strict=True))
+        # The user's .npy files read in place (not local copies): checked at each step.
+        self._watched = tuple(o[3] for o in self._opened.values()
+                              if o[3] is not None and o[3] is o[2])
         self._casts = tuple(None if a.dtype == var.dtype else np.dtype(var.dtype)
                             for a, var in zip(self.arrays, self.row_vars, strict=True))
         if not any(self._casts):
@@ -276,7 +283,17 @@ class RowStore:
         self._sampler = PartialShuffleRows(-(-self.n_rows // b), rng)
 
     def start_step(self) -> None:
-        """Open a step: rows taken from now on are new to it."""
+        """Open a step: rows taken from now on are new to it.
+
+        Raises
+        ------
+        DataChangedError
+            If a ``.npy`` file read in place was written to since the chain start (one
+            ``fstat`` per file, :meth:`~pymc_minibatch_mh.store.sources.NpyFile.check_unchanged`).
+
+        """
+        for file in self._watched:
+            file.check_unchanged()
         self._sampler.start_step()  # type: ignore[union-attr]
         self._left = ()
 
@@ -331,11 +348,14 @@ class RowStore:
         return [fn(*args, *chunk) for chunk in self.chunks()]
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
-        """A full pass: consecutive chunks of at most ``size`` rows (views, no copies).
+        """A full pass: consecutive chunks of at most ``size`` rows.
 
-        For data given with ``data=``: the stamps are checked before and after the pass,
-        the mapped pages of each chunk are handed back after it (bounded memory), and the
-        first complete pass after opening an array checks it for missing values (NaN).
+        Chunks of arrays in memory are views (no copy); chunks of ``.npy`` files (given
+        with ``data=``, or local copies) are read with ``pread(2)``, one chunk at a time,
+        so a file truncated during the pass gives
+        :class:`~pymc_minibatch_mh.errors.DataChangedError`. For data given with
+        ``data=``: the stamps are checked before and after the pass, and the first
+        complete pass after opening an array checks it for missing values (NaN).
         """
         n = self.n_rows
         sourced = bool(self.data)
@@ -344,7 +364,7 @@ class RowStore:
         unchecked = sorted(self._unchecked)
         for start in range(0, n, size):
             stop = min(n, start + size)
-            chunk = [a[start:stop] for a in self.arrays]
+            chunk = [read(start, stop) for read in self._slicers]
             for i in unchecked:
                 check_missing(self.name(i), chunk[i], start)
             yield self._cast(chunk) if self._casts else tuple(chunk)

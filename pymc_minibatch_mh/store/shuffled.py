@@ -34,11 +34,8 @@ reproducible; arrays of the same N get the same order.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,7 +43,7 @@ from numpy.typing import NDArray
 
 from pymc_minibatch_mh.errors import DataChangedError, DataStoreError
 from pymc_minibatch_mh.store import sources
-from pymc_minibatch_mh.store.sources import NpyFile, check_disk, check_missing
+from pymc_minibatch_mh.store.sources import NpyFile, _local_file, _pwrite, check_missing
 
 __all__ = ["BLOCK_ROWS", "SHUFFLE_SEED", "ShufflePlan", "source_blocks", "write_shuffled"]
 
@@ -110,18 +107,13 @@ def source_blocks(source: Any, size: int | None = None) -> Iterator[NDArray[Any]
     if hasattr(source, "blocks"):  # Zarr, Parquet: decoded chunk by chunk
         yield from source.blocks(size)
         return
-    array = source.array if isinstance(source, NpyFile) else source
-    for start in range(0, array.shape[0], size):
-        yield array[start : start + size]
-        if isinstance(source, NpyFile):
+    if isinstance(source, NpyFile):  # read with pread(2): a truncated file is an error
+        for start in range(0, source.array.shape[0], size):
+            yield source.read_block(start, start + size)
             source.release(start, start + size)
-
-
-def _pwrite(fd: int, data: NDArray[Any], offset: int) -> None:
-    view = memoryview(np.ascontiguousarray(data)).cast("B")
-    while view.nbytes:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+        return
+    for start in range(0, source.shape[0], size):
+        yield source[start : start + size]
 
 
 def write_shuffled(name: str, source: Any, shape: tuple[int, ...], dtype: np.dtype,
@@ -150,11 +142,8 @@ def write_shuffled(name: str, source: Any, shape: tuple[int, ...], dtype: np.dty
     n = shape[0]
     if n != plan.n_rows:
         raise DataStoreError(f"data[{name!r}] has {n:,} rows, the shuffle {plan.n_rows:,}.")
-    folder = Path(tempfile.mkdtemp(prefix="pymc_minibatch_mh_"))
-    path = folder / f"{name}.npy"
-    try:
-        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        check_disk(folder, n * row_bytes, f"The shuffled copy of {name!r}")
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    with _local_file(name, n * row_bytes, f"The shuffled copy of {name!r}") as path:
         header = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
         offset = header.offset
         del header
@@ -196,7 +185,4 @@ def write_shuffled(name: str, source: Any, shape: tuple[int, ...], dtype: np.dty
                 _pwrite(fd, rows[plan.permutation(k, hi - lo)], offset + lo * row_bytes)
         finally:
             os.close(fd)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return NpyFile(path, owned=True)
+        return NpyFile(path, owned=True)

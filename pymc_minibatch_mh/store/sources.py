@@ -27,12 +27,14 @@ dask) are imported only when such an array is given.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,41 @@ def check_disk(folder: Path, nbytes: int, what: str) -> None:
         )
 
 
+@contextmanager
+def _local_file(name: str, nbytes: int, what: str) -> Iterator[Path]:
+    """The path of a new local ``.npy`` file for ``name``, in a new temporary folder.
+
+    The free space is checked first (:func:`check_disk`). On any error while the file is
+    written, the folder is deleted with what was written, so no partial copy is left
+    behind; a full disk (``ENOSPC``, ``EDQUOT``) is raised as a
+    :class:`~pymc_minibatch_mh.errors.DataStoreError` that says so.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="pymc_minibatch_mh_"))
+    try:
+        check_disk(folder, nbytes, what)
+        yield folder / f"{name}.npy"
+    except OSError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DataStoreError(
+                f"{what} ran out of disk space in {folder} while it was written "
+                f"({err.strerror}); the partial copy was deleted. Point TMPDIR to a larger "
+                "disk, or free space."
+            ) from err
+        raise
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _pwrite(fd: int, data: NDArray[Any], offset: int) -> None:
+    """Write all of ``data`` at byte ``offset`` of the open file ``fd``."""
+    view = memoryview(np.ascontiguousarray(data)).cast("B")
+    while view.nbytes:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def _libc_pread() -> Any:
     """``pread(2)`` of the C library (None where there is none, e.g. on Windows)."""
     try:
@@ -214,6 +251,7 @@ class NpyFile:
         self._fd = os.open(self.path, os.O_RDONLY) if _PREAD is not None and size else -1
         if self._fd >= 0:
             weakref.finalize(self, os.close, self._fd)
+        self._opened_as = self._state()
         self.offset = offset
         self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         buffer = self._mmap if self._mmap is not None else b""
@@ -227,6 +265,26 @@ class NpyFile:
     def stamp(self) -> tuple[Any, ...]:
         """Shape, size and modification time of the file."""
         return (self.array.shape, *_file_stamp(self.path))
+
+    def _state(self) -> tuple[int, int]:
+        st = os.fstat(self._fd) if self._fd >= 0 else os.stat(self.path)
+        return (st.st_size, st.st_mtime_ns)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`~pymc_minibatch_mh.errors.DataChangedError` if the file was written to.
+
+        One ``fstat`` of the open file (its size and modification time against those at
+        opening): a file truncated, appended to or overwritten in place is refused. A file
+        replaced by renaming a new one over it is not seen here: the old file stays open
+        and is read unchanged (the path's :meth:`stamp` sees the replacement).
+        """
+        if self._state() != self._opened_as:
+            raise DataChangedError(
+                f"{self.path} was written to (truncated, appended to or overwritten) while "
+                "a chain was reading it, so its rows can no longer be trusted. Do not write "
+                "to a data file while a chain uses it: write a new file and rename it over "
+                "the old one (os.replace), which the next chain start follows."
+            )
 
     def read_rows(self, idx: NDArray[np.int64]) -> NDArray[Any]:
         """The rows at ``idx`` (int64), read with ``pread(2)`` (no pages mapped).
@@ -266,6 +324,25 @@ class NpyFile:
                 "was reading it. Do not write to a data file while a chain uses it."
             )
         return out if got == out.shape[0] else out[:got]
+
+    def read_block(self, start: int, stop: int) -> NDArray[Any]:
+        """Rows ``start:stop``, read with one ``pread(2)`` into a new array (no page mapped).
+
+        A full pass reads the file this way, so a file truncated under it gives
+        :class:`~pymc_minibatch_mh.errors.DataChangedError`, not the bus error (SIGBUS)
+        of a read through the mapping. Where the C library has no ``pread`` (Windows, which
+        does not let a mapped file be truncated) this is a view of the mapping.
+
+        Raises
+        ------
+        DataChangedError
+            If the file is shorter than its header says (it changed).
+
+        """
+        stop = min(stop, self.array.shape[0])
+        if self._fd < 0:
+            return self.array[start:stop]
+        return self.read_runs(np.array([start], dtype=np.int64), max(0, stop - start))
 
     def release(self, start: int = 0, stop: int | None = None) -> None:
         """Hand the mapped pages of rows ``start:stop`` back to the kernel.
@@ -307,33 +384,30 @@ class _Chunked:
         """Copy the rows in order to an uncompressed ``.npy`` file; check missing values."""
         from pymc_minibatch_mh.progress import note
 
-        folder = Path(tempfile.mkdtemp(prefix="pymc_minibatch_mh_"))
-        path = folder / f"{self.name}.npy"
-        try:
-            check_disk(folder, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
-                       f"The local copy of {self.name!r}")
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        what = f"The local copy of {self.name!r}"
+        with _local_file(self.name, self.shape[0] * row_bytes, what) as path:
             out = np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=self.shape)
             offset = out.offset
             del out
             start = 0
-            with open(path, "r+b") as f:
-                f.seek(offset)
+            fd = os.open(path, os.O_RDWR)
+            try:
                 for block in self.blocks(COPY_BLOCK):
                     note(f"copying {self.name!r} to a local file: row {start:,} of "
                          f"{self.shape[0]:,}")
                     block = np.ascontiguousarray(block, dtype=self.dtype)
                     check_missing(self.name, block, start)
-                    f.write(memoryview(block).cast("B"))
+                    _pwrite(fd, block, offset + start * row_bytes)
                     start += block.shape[0]
+            finally:
+                os.close(fd)
             if start != self.shape[0]:
                 raise DataChangedError(
                     f"The data {self.name!r} gave {start:,} rows while it was copied, not the "
                     f"{self.shape[0]:,} it had when opened: it changed while being read."
                 )
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        return NpyFile(path, owned=True)
+            return NpyFile(path, owned=True)
 
 
 class _ZarrSource(_Chunked):
@@ -351,10 +425,18 @@ class _ZarrSource(_Chunked):
 
 class _ParquetSource(_Chunked):
     def __init__(self, name: str, column: ParquetColumn) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.column = column
-        self.file = pq.ParquetFile(column.path)
+        try:
+            self.file = pq.ParquetFile(column.path)
+        except pa.ArrowInvalid as err:  # not a whole Parquet file (e.g. truncated)
+            raise DataStoreError(
+                f"data[{name!r}]: {column.path} cannot be read as a Parquet file ({err}). If "
+                "it was being written or replaced, wait until it is complete; else write it "
+                "again."
+            ) from err
         schema = self.file.schema_arrow
         missing = [c for c in column.names if c not in schema.names]
         if missing:
