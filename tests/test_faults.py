@@ -325,32 +325,68 @@ def test_a_full_disk_while_a_local_copy_is_written_is_refused_and_leaves_no_file
 
 
 
-@pytest.mark.parametrize("change", ["replaced", "truncated"])
-def test_a_persisted_dask_array_keeps_its_rows_when_its_files_change(change, tmp_path):
-    """The guide's advice for Dask: persist the arrays. Their rows are then held by the
-    workers, so the chain's stream keeps the rows it started with when the Zarr files the
-    graph read are changed (a graph that is not persisted reads the files again: a limit
-    the guide states)."""
-    zarr = pytest.importorskip("zarr")
+def _dask_zarr_store(tmp_path, persisted):
     da = pytest.importorskip("dask.array")
     x, y = logistic_data()
     write_store("zarr", x, y, tmp_path)
-    data = {k: da.from_zarr(str(tmp_path / f"{k}.zarr")).persist() for k in ("X", "y")}
+    data = {k: da.from_zarr(str(tmp_path / f"{k}.zarr")) for k in ("X", "y")}
+    if persisted:
+        data = {k: v.persist() for k, v in data.items()}
     variables, aliases = row_vars(logistic_model(x[:50], y[:50]))
-    store = make_store(variables, resolve_data(variables, data, aliases))
+    return x, y, make_store(variables, resolve_data(variables, data, aliases))
+
+
+def _take_until_refused(store, x, y, steps=2500):
+    """Steps of 100 rows (past the blocks fetched before a change); every row handed out
+    is an original row. The number of steps taken before a DataChangedError, else None."""
+    for k in range(steps):
+        store.start_step()
+        try:
+            tx, ty = x_and_y(store, store.take(100))
+        except DataChangedError:
+            return k
+        ids = np.rint(tx[:, 0] * N).astype(int)
+        np.testing.assert_array_equal(tx, x[ids])
+        np.testing.assert_array_equal(ty, y[ids])
+    return None
+
+
+@pytest.mark.parametrize("persisted", [True, False], ids=["persisted", "not persisted"])
+@pytest.mark.parametrize("change", ["replaced", "appended", "truncated"])
+def test_a_dask_array_whose_files_change_gives_its_rows_or_is_refused(change, persisted,
+                                                                      tmp_path):
+    """A persisted Dask array keeps its rows in the workers when the Zarr files its graph
+    read change: the chain's stream goes on with the rows it started with. One that is not
+    persisted reads the files again: rows that differ from their first read (a Zarr array
+    resized smaller gives its fill value) are refused at the next read of the stream, and
+    at the next full pass, with DataChangedError (before: handed to the chain unnoticed).
+    Rows appended to the files are not in the array, whose shape is its graph's: nothing
+    changes for it."""
+    x, y, store = _dask_zarr_store(tmp_path, persisted)
     store.start_chain(np.random.default_rng(5))
     try:
-        z = zarr.open_array(str(tmp_path / "X.zarr"), mode="r+")
-        if change == "replaced":
-            z[:] = -x
+        _zarr_change(change, tmp_path, x)
+        refused_at = _take_until_refused(store, x, y)
+        if persisted or change == "appended":
+            assert refused_at is None
+            assert sum(float(x_and_y(store, c)[0].sum()) for c in store.chunks()) == pytest.approx(
+                x.sum())
         else:
-            z.resize((N // 2, D))
-        for _ in range(2500):  # past the blocks fetched before the change
+            assert refused_at is not None  # after the blocks fetched before, if any
+            with pytest.raises(DataChangedError, match=r"rows read for the per-step rows "
+                               r"of the data 'X', 'y' are not the rows first read: rows "):
+                store.take(100)  # the stream ended with the error
+            with pytest.raises(DataChangedError, match="a full pass of the data 'X', 'y'.*"
+                               "blocks of rows 0–2,999 differ"):
+                store.reduce(lambda *block: 0.0)
+            with pytest.raises(DataChangedError, match=r"a full pass .* rows [\d,]+, [\d,]+, "
+                               r"[\d,]+ and [\d,]+ more differ"):
+                next(iter(store.chunks()))
+            # A new chain start looks at the (new) data afresh.
+            store.refresh()
+            store.start_chain(np.random.default_rng(5))
             store.start_step()
-            tx, ty = x_and_y(store, store.take(100))
-            ids = np.rint(tx[:, 0] * N).astype(int)
-            np.testing.assert_array_equal(tx, x[ids])
-            np.testing.assert_array_equal(ty, y[ids])
+            store.take(100)
     finally:
         store.close()
 

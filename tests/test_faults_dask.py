@@ -7,7 +7,8 @@ starts a killed worker again); the tests kill a worker *inside* one of its tasks
 in that computation whatever the timing. Where the data can be computed again, Dask does it
 and the draws are those of an undisturbed run; where they cannot, or no worker is left, the
 step raises :class:`~pymc_minibatch_mh.errors.DataStoreError` naming the data, in bounded
-time.
+time. Rows that Dask reads again from files that changed in the meantime are refused
+with :class:`~pymc_minibatch_mh.errors.DataChangedError`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from conftest import sample_kwargs
 from test_out_of_core import D, logistic_data, logistic_model, store_of, write_store
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.errors import DataStoreError
+from pymc_minibatch_mh.errors import DataChangedError, DataStoreError
 from pymc_minibatch_mh.model.compat import posterior
 from pymc_minibatch_mh.store.dask_store import DaskRowStore
 
@@ -197,6 +198,34 @@ def test_data_lost_with_their_worker_are_refused_naming_them(client):
     try:
         store.start_step()
         with pytest.raises(DataStoreError, match=message):
+            store.take(100)
+    finally:
+        store.close()
+
+
+def test_a_persisted_array_recomputed_from_changed_files_is_refused(client, tmp_path):
+    """A persisted Dask array keeps its rows in its workers when its Zarr files change; a
+    worker that dies takes its blocks with it, and Dask reads them again, from the changed
+    files. Those rows differ from their first read: a full pass and the row stream raise
+    DataChangedError (before: the new rows reached the chain unnoticed)."""
+    zarr = pytest.importorskip("zarr")
+    x, y = logistic_data()
+    write_store("zarr", x, y, tmp_path)
+    data = {k: da.from_zarr(str(tmp_path / f"{k}.zarr")).persist() for k in ("X", "y")}
+    store = store_of(logistic_model(x[:50], y[:50]), data)
+    assert store.reduce(_rows_of) == [len(x)]
+    zarr.open_array(str(tmp_path / "X.zarr"), mode="r+")[:] = -x  # the workers hold the rows
+    assert store.reduce(_rows_of) == [len(x)]
+    pids = client.run(os.getpid)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    client.wait_for_workers(2, timeout=WAIT)
+    with pytest.raises(DataChangedError, match="a full pass of the data 'X', 'y'"):
+        store.reduce(_rows_of)
+    store.start_chain(np.random.default_rng(4))
+    try:
+        store.start_step()
+        with pytest.raises(DataChangedError, match="the per-step rows of the data 'X', 'y'"):
             store.take(100)
     finally:
         store.close()
