@@ -24,6 +24,7 @@ from scipy import stats
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.proposals import nuts as nuts_module
 
 Y = np.array([0, 0, 0, 1])
 PRIOR_SD = 2.0
@@ -71,8 +72,12 @@ def poisson_model():
     "how", ["exact", pytest.param("dropped", marks=[pytest.mark.slow, pytest.mark.newest_line]),
             pytest.param("flipped", marks=[pytest.mark.slow, pytest.mark.newest_line])],
 )
-@pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts", "blackjax_nuts"])
-def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how):
+@pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts",
+                                      "surrogate_nuts_whitened", "blackjax_nuts"])
+def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how, monkeypatch):
+    if proposal == "surrogate_nuts_whitened":  # NUTS in the Laplace fit's whitened coordinates
+        monkeypatch.setattr(nuts_module, "DENSE_MASS_MAX_DIM", 0)
+        proposal = "surrogate_nuts"
     mean, var = exact_moments()
     with poisson_model(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
