@@ -216,9 +216,10 @@ class DaskRowStore(RowStore):
     def __init__(self, row_vars: Sequence[Variable],
                  data: Mapping[int, tuple[str, Any]]) -> None:
         self._buffer: StreamBuffer | None = None
-        # (stamps of the arrays, the rows' fingerprints) from the first look at them, and
-        # whether the next chain start must look again (rows were found changed).
-        self._first_look: tuple[Any, NDArray[np.uint16]] | None = None
+        # (stamps of the arrays, the rows' fingerprints, their sums per block of a full
+        # pass) from the first look at them, and whether the next chain start must look
+        # again (rows were found changed).
+        self._first_look: tuple[Any, NDArray[np.uint16], NDArray[np.int64]] | None = None
         self._look_again = False
         super().__init__(row_vars, data)
 
@@ -262,7 +263,8 @@ class DaskRowStore(RowStore):
             self._first_look, self._look_again = None, False
             names = [self.name(i) for i in range(len(self.arrays))]
             parts = self._blockwise("the first look", _look, names)
-            self._first_look = (stamps, np.concatenate(parts))
+            sums = np.array([part.sum(dtype=np.int64) for part in parts], dtype=np.int64)
+            self._first_look = (stamps, np.concatenate(parts), sums)
         return n
 
     def _check_rows(self, rows: Sequence[NDArray[Any]], positions: Any, what: str) -> None:
@@ -277,8 +279,8 @@ class DaskRowStore(RowStore):
         changed = np.flatnonzero(row_fingerprint(*rows) != first[1][positions])
         if changed.size:
             self._look_again = True
-            at = (np.arange(self.n_rows)[positions] if isinstance(positions, slice)
-                  else np.asarray(positions))[changed]
+            at = (changed + positions.start if isinstance(positions, slice)
+                  else np.asarray(positions)[changed])
             raise _changed(self._what(what), f"rows {_rows_text(at)} differ")
 
     def _check_sums(self, sums: Sequence[Any], what: str) -> None:
@@ -290,8 +292,7 @@ class DaskRowStore(RowStore):
         if first is None:
             return
         starts = np.arange(0, self.n_rows, FULL_PASS_CHUNK)
-        expected = np.add.reduceat(first[1].astype(np.int64), starts)
-        changed = np.flatnonzero(np.asarray(sums, dtype=np.int64) != expected)
+        changed = np.flatnonzero(np.asarray(sums, dtype=np.int64) != first[2])
         if changed.size:
             self._look_again = True
             blocks = ", ".join(f"{s:,}–{min(s + FULL_PASS_CHUNK, self.n_rows) - 1:,}"
