@@ -2,7 +2,8 @@
 
 Every proposal: the random walk, Crank–Nicolson, MALA, HMC, the surrogate transition,
 surrogate NUTS, PyMC's and blackjax's (the last six with Taylor control variates) and
-minibatch-gradient SGLD.
+minibatch-gradient SGLD; and ``batch_size="auto"``, whose rows per round each chain
+chooses at the end of its tuning.
 Each run builds its own model and step (50 tuning draws, 50 draws, 2 chains); the
 draws and the ``accepted`` and ``batch_size`` stats must be equal element by element.
 """
@@ -37,6 +38,8 @@ SETTINGS = {
     "blackjax_nuts": dict(proposal="blackjax_nuts", control_variate="taylor",
                           mp_ctx="spawn"),
     "sgld": dict(proposal=_sgld, scaling=1e-3),
+    # m sized by the error budget at the end of each chain's tuning.
+    "auto_rows": dict(batch_size="auto", control_variate="taylor"),
 }
 
 
@@ -47,7 +50,7 @@ def _draws(settings, cores):
         warnings.simplefilter("ignore", UserWarning)
         mu = pm.Normal("mu", 0.0, 10.0)
         pm.Normal("y", mu, 1.0, observed=Y)
-        step = MinibatchBarker(batch_size=50, **settings)
+        step = MinibatchBarker(**{"batch_size": 50, **settings})
         idata = pm.sample(draws=50, tune=50, step=step, chains=2, cores=cores,
                           random_seed=11, progressbar=False,
                           compute_convergence_checks=False, **sample_kwargs)

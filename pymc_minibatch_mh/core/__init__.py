@@ -1,6 +1,7 @@
 """The acceptance tests and their tools, with NumPy, SciPy and Numba only (no PyMC import).
 
-- :mod:`~pymc_minibatch_mh.core.barker`: the minibatch Barker test (Seita et al. 2017);
+- :mod:`~pymc_minibatch_mh.core.barker`: the minibatch Barker test (Seita et al. 2017),
+  its rows per round sized by an error budget in :mod:`~pymc_minibatch_mh.core.batch_budget`;
 - :mod:`~pymc_minibatch_mh.core.austere`: AustereMH's sequential t-test (Korattikara et
   al. 2014), with its error analysis in :mod:`~pymc_minibatch_mh.core.austere_error` and
   its designs in :mod:`~pymc_minibatch_mh.core.austere_design`;

@@ -23,12 +23,12 @@ from pymc_minibatch_mh.core.common import TestOutcome, check_batch_size
 from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.logistic import barker_accepts, barker_probability
 from pymc_minibatch_mh.core.moments import (
-    EDGEWORTH_SUP,
     chunk_moments,
     clt_error_bound,
     delta_star_variance,
     merge_moments,
     merge_third_moment,
+    skew_from_edgeworth,
     third_moment_sum,
 )
 from pymc_minibatch_mh.core.skew import skew_topup, skew_topup_cumulant
@@ -157,6 +157,7 @@ def barker_rounds(
     block: np.ndarray, buf: np.ndarray, n: int, mean: float, m2: float, rounds: int,
     n_total: int, batch_size: int, data_free: float, sigma2: float, tolerance: float,
     early_decision: float, skew: bool = False, m3: float = 0.0, table_error: float = 0.0,
+    skew_floor: float = 0.0,
 ) -> tuple[Any, ...]:  # pragma: no cover
     """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
 
@@ -189,6 +190,10 @@ def barker_rounds(
         stop with ``s² < σ²``, :func:`~pymc_minibatch_mh.core.skew.skew_topup_cumulant`.
     table_error : float, optional
         The correction table's L∞ error, for the step's error estimate.
+    skew_floor : float, optional
+        The least skewness ``|γ̂|`` the error estimate uses (the minibatch's own when
+        larger): with a budget-sized minibatch of a few rows, the skewness measured on
+        the tuning minibatches (:mod:`~pymc_minibatch_mh.core.batch_budget`).
 
     Returns
     -------
@@ -236,22 +241,22 @@ def barker_rounds(
                 if skew:
                     kappa, fallback = skew_topup_cumulant(n, n_total, m3, sigma2 - variance)
                 error = _error(delta_star, variance, edgeworth, n, n_total, table_error,
-                               sigma2, False)
+                               sigma2, False, skew_floor)
                 return (DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon,
                         edgeworth, m3, 0.0 if fallback else kappa, fallback, error)
         if early_decision > 0.0 and abs(delta_star) >= early_decision * math.sqrt(variance):
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
             error = _error(delta_star, variance, edgeworth, n, n_total, table_error, sigma2,
-                           True)
+                           True, skew_floor)
             return (EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
                     m3, 0.0, False, error)
 
 
 @numba.njit(cache=True, nogil=True)
 def _error(delta_star: float, variance: float, edgeworth: float, n: int, n_total: int,
-           table_error: float, sigma2: float, early: bool) -> float:  # pragma: no cover
-    # The skewness γ̂ from the edgeworth stat, |γ̂| · EDGEWORTH_SUP / (6 √n).
-    skew = edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP
+           table_error: float, sigma2: float, early: bool,
+           skew_floor: float) -> float:  # pragma: no cover
+    skew = max(skew_from_edgeworth(edgeworth, n), skew_floor)
     return barker_error_estimate(delta_star, variance, skew, n, n_total, table_error,
                                  math.sqrt(sigma2), early)
 
@@ -300,6 +305,8 @@ class BarkerTest:
         Draw the top-up ``X_nc`` skewed (a centred gamma variable with the variance
         ``σ² − s²`` and the third cumulant estimated from the minibatch) so that the first
         Edgeworth term of the test's error cancels; see :mod:`~pymc_minibatch_mh.core.skew`.
+    skew_floor : float, default 0
+        The least skewness the per-step error estimate uses (see :func:`barker_rounds`).
 
     Notes
     -----
@@ -321,7 +328,7 @@ class BarkerTest:
     """
 
     __slots__ = ("batch_size", "correction", "early_decision", "tolerance", "skew_correction",
-                 "_buf", "_settings")
+                 "skew_floor", "_buf", "_settings")
 
     def __init__(
         self,
@@ -330,8 +337,10 @@ class BarkerTest:
         tolerance: float | None = None,
         early_decision: float | None = None,
         skew_correction: bool = False,
+        skew_floor: float = 0.0,
     ) -> None:
         self.batch_size = check_batch_size(batch_size)
+        self.skew_floor = float(skew_floor)
         self.correction = correction
         self.tolerance = tolerance
         self.early_decision = early_decision
@@ -344,6 +353,7 @@ class BarkerTest:
             float(early_decision) if early_decision is not None else -1.0,
             self.skew_correction,
             float(correction.error),  # the table's L∞ error
+            self.skew_floor,
         )
         self._buf = np.empty(1024)
 
@@ -369,7 +379,7 @@ class BarkerTest:
             The decision and the test's statistics.
 
         """
-        sigma2, tolerance, early, skew, table_error = self._settings
+        sigma2, tolerance, early, skew, table_error, skew_floor = self._settings
         n = rounds = 0
         delta_star, variance, epsilon, edgeworth, error = data_free, 0.0, 0.0, 0.0, math.nan
         # -inf: the proposal is outside the prior's support; no data are needed.
@@ -389,7 +399,7 @@ class BarkerTest:
             (status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth, m3,
              kappa, fallback, error) = barker_rounds(
                 source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
-                sigma2, tolerance, early, skew, m3, table_error,
+                sigma2, tolerance, early, skew, m3, table_error, skew_floor,
             )
             if status == NEED_MORE:
                 count = growth_rows(n, variance, n_total, m, sigma2)

@@ -32,6 +32,7 @@ __all__ = [
     "mean_variance",
     "merge_moments",
     "merge_third_moment",
+    "skew_from_edgeworth",
     "third_moment_sum",
 ]
 
@@ -415,3 +416,21 @@ def clt_error_bound(values: NDArray[np.float64], mean: float) -> tuple[float, fl
     skew = s3 / (b * var * sd)
     root_b = math.sqrt(b)
     return (6.4 * m3 + 2.0 * m1) / root_b, abs(skew) * EDGEWORTH_SUP / (6.0 * root_b)
+
+
+@numba.njit(cache=True)
+def skew_from_edgeworth(edgeworth: float, n: int) -> float:
+    """The skewness ``|γ̂|`` of ``n`` values from their Edgeworth stat (compiled).
+
+    The inverse of the second value of :func:`clt_error_bound`,
+    ``|γ̂| · EDGEWORTH_SUP / (6 √n)``.
+
+    Examples
+    --------
+    >>> values = np.array([0.0, 0.0, 0.0, 1.0])
+    >>> _, edgeworth = clt_error_bound(values, values.mean())
+    >>> round(skew_from_edgeworth(edgeworth, 4), 6)
+    1.154701
+
+    """
+    return edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP

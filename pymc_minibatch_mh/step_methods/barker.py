@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pymc_minibatch_mh.core.barker import BarkerOutcome, BarkerTest
+from pymc_minibatch_mh.core.batch_budget import (
+    AUTO_START_ROWS,
+    DEFAULT_ERROR_TOLERANCE,
+    MEASURE_EVERY,
+    MEASURE_FIRST,
+    MIN_RECORDS,
+    RECHOOSE_EVERY,
+    ErrorBudget,
+    RowsChoice,
+)
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
@@ -31,8 +42,20 @@ class MinibatchBarker(MinibatchStep):
     ----------
     vars : list of Variable, optional
         Continuous variables to sample as one block (default: all free variables).
-    batch_size : int, default 100
-        Initial minibatch size and growth increment (the paper's m).
+    batch_size : int or "auto", default "auto"
+        Rows per round: the first minibatch's size and the growth increment (the paper's
+        m). ``"auto"``: during PyMC's tuning phase, the first 50 transitions and one in 32
+        after them use m = 100 and measure the test's error; the others, and at the end of
+        tuning the sampled draws, use the smallest m whose predicted per-step error of the
+        acceptance probability, from those measurements, is within ``error_tolerance``
+        (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is at
+        most 100, so the step never reads more rows than a fixed 100 would; with control
+        variates at large N it falls to a few rows. Without tuning steps m stays 100.
+        The ``rows_per_round`` stat says which m each draw used.
+    error_tolerance : float, optional
+        The per-step budget on the acceptance-probability error that ``batch_size="auto"``
+        sizes m for (default 1e-3; then m ≤ 100). Given explicitly, m may exceed 100 (up
+        to N) to meet it. Only with ``batch_size="auto"``.
     sigma : float, default 1.0
         σ of the normal part, ``0 < σ < π/√3``. Larger σ allows smaller minibatches
         (the test needs ``s² < σ²``) at the price of a larger correction-table error.
@@ -84,7 +107,8 @@ class MinibatchBarker(MinibatchStep):
     ``delta_star`` (Δ*), ``delta_variance`` (s²), with ``skew_correction`` only ``skew``
     (third cumulant of the top-up noise) and ``skew_fallback``, ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
-    ``scaling`` (the effective proposal scale), ``temperature``, and the chain's running
+    ``scaling`` (the effective proposal scale), ``temperature``, ``rows_per_round`` (m),
+    and the chain's running
     ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).
 
     References
@@ -131,13 +155,15 @@ class MinibatchBarker(MinibatchStep):
         "early_decision": (bool, []),
         "skew": (np.float64, []),
         "skew_fallback": (bool, []),
+        "rows_per_round": (np.int64, []),
     }
 
     def __init__(
         self,
         vars: Sequence[Any] | None = None,
         *,
-        batch_size: int = 100,
+        batch_size: int | str = "auto",
+        error_tolerance: float | None = None,
         sigma: float = 1.0,
         tolerance: float | None = None,
         early_decision: float | None = None,
@@ -151,7 +177,26 @@ class MinibatchBarker(MinibatchStep):
         self.skew_correction = bool(skew_correction)
         self._tolerance = tolerance
         self._early_decision = early_decision
-        super().__init__(vars, batch_size=batch_size, **kwargs)
+        #: Whether m is sized by the error budget (``batch_size="auto"``).
+        self.auto_rows = check_rows_setting(batch_size, error_tolerance, self.correction.error)
+        #: The per-step error budget of ``batch_size="auto"`` (None with a fixed m).
+        self.error_tolerance = (
+            None if not self.auto_rows else
+            DEFAULT_ERROR_TOLERANCE if error_tolerance is None else float(error_tolerance)
+        )
+        self._budget = ErrorBudget(
+            self.error_tolerance or DEFAULT_ERROR_TOLERANCE, self.sigma, self.correction.error,
+            AUTO_START_ROWS if error_tolerance is None else 2**62,
+        )
+        #: Each chain's choice of m at the end of its tuning (the last chain's; None before).
+        self.rows_choice: RowsChoice | None = None
+        self._skew_floor = 0.0
+        self._measure_rows = AUTO_START_ROWS
+        self._rows_used = AUTO_START_ROWS
+        self._tuning_transitions = 0
+        super().__init__(
+            vars, batch_size=AUTO_START_ROWS if self.auto_rows else batch_size, **kwargs
+        )
         self._update_kernel_settings()
 
     @property
@@ -175,18 +220,72 @@ class MinibatchBarker(MinibatchStep):
         self._update_kernel_settings()
 
     def _update_kernel_settings(self) -> None:
-        # The core test with the step's settings (rebuilt when one of them changes).
-        self._test = BarkerTest(
-            self.batch_size, self.correction, tolerance=self._tolerance,
-            early_decision=self._early_decision, skew_correction=self.skew_correction,
-        )
+        # The core tests with the step's settings (rebuilt when one of them changes): the
+        # chain's, and with batch_size="auto" the tuning's measuring one (its first m).
+        def test(rows: int, skew_floor: float) -> BarkerTest:
+            return BarkerTest(
+                rows, self.correction, tolerance=self._tolerance,
+                early_decision=self._early_decision, skew_correction=self.skew_correction,
+                skew_floor=skew_floor,
+            )
+
+        self._test = test(self.batch_size, self._skew_floor)
+        self._measure_test = test(self._measure_rows, 0.0) if self.auto_rows else self._test
 
     def _start_chain(self, rng: Any) -> None:
         super()._start_chain(rng)
         self._update_kernel_settings()  # the chain's batch size
 
+    def _start_chain_on_data(self, rng: Any) -> None:
+        if self.auto_rows:  # each chain measures afresh, on the data it starts with
+            self.batch_size = self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
+            self._budget.reset()
+            self._skew_floor = 0.0
+            self._tuning_transitions = 0
+        super()._start_chain_on_data(rng)
+
+    def stop_tuning(self) -> None:
+        """End tuning; with ``batch_size="auto"`` the chain's m is chosen here."""
+        super().stop_tuning()
+        if self.auto_rows and self.uses_minibatches:
+            self._choose_rows(final=True)
+
+    def _choose_rows(self, final: bool) -> None:
+        budget = self._budget
+        if len(budget) < MIN_RECORDS:
+            if final and len(budget):  # none at all: no tuning steps, m stays as documented
+                warnings.warn(
+                    f"{type(self).__name__}: batch_size='auto' keeps {self.batch_size} rows "
+                    f"per round: only {len(budget)} tuning transitions measured the "
+                    f"test's error, and sizing m needs {MIN_RECORDS}. Tune longer, or give "
+                    "batch_size as an int.", RuntimeWarning, stacklevel=3,
+                )
+            return
+        choice = self.rows_choice = budget.choose(self._n_rows)
+        if choice.rows != self.batch_size:
+            self.policy.reset(choice.rows)  # the prefetch's history was for the old m
+        self.batch_size = choice.rows
+        self._skew_floor = choice.skew
+        self._update_kernel_settings()
+
     def _decide(self, estimator: RatioEstimator, data_free: float) -> BarkerOutcome:
-        return self._test(self.rng, estimator, data_free)
+        if not (self.auto_rows and self._tuning):
+            self._rows_used = self._test.batch_size
+            return self._test(self.rng, estimator, data_free)
+        # Tuning with batch_size="auto": the measuring transitions (the first MEASURE_FIRST,
+        # then one in MEASURE_EVERY) use the first m and are recorded; the others use the
+        # m chosen from the records so far (every RECHOOSE_EVERY transitions).
+        count = self._tuning_transitions = self._tuning_transitions + 1
+        measuring = count <= MEASURE_FIRST or count % MEASURE_EVERY == 0
+        test = self._measure_test if measuring else self._test
+        self._rows_used = test.batch_size
+        outcome = test(self.rng, estimator, data_free)
+        if measuring:
+            self._budget.record(outcome.batch_size, estimator.n_total, outcome.variance,
+                                outcome.edgeworth, outcome.delta_star)
+        if count == MEASURE_FIRST or (count > MEASURE_FIRST and count % RECHOOSE_EVERY == 0):
+            self._choose_rows(final=False)
+        return outcome
 
     def _error_estimate(self, outcome: BarkerOutcome) -> float:
         return outcome.error_estimate  # computed by the compiled rounds
@@ -201,6 +300,7 @@ class MinibatchBarker(MinibatchStep):
             "delta_star": outcome.delta_star,
             "delta_variance": outcome.variance,
             "early_decision": outcome.early,
+            "rows_per_round": self._rows_used,
         }
         if self.skew_correction:
             values["skew"] = outcome.skew
@@ -235,6 +335,37 @@ def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> No
         raise ValueError(
             f"early_decision must be a positive number or None, got {early_decision!r}."
         )
+
+
+def check_rows_setting(batch_size: Any, error_tolerance: Any, table_error: float) -> bool:
+    """Validate ``batch_size`` and ``error_tolerance``; whether m is sized by the budget.
+
+    Raises
+    ------
+    ValueError
+        For a string other than ``"auto"``, an ``error_tolerance`` with a fixed
+        ``batch_size``, or one outside (table error, 1). A fixed ``batch_size`` is checked
+        by the step's base.
+
+    """
+    auto = isinstance(batch_size, str)
+    if auto and batch_size != "auto":
+        raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}.")
+    if error_tolerance is None:
+        return auto
+    if not auto:
+        raise ValueError(
+            f"error_tolerance sizes the minibatch, but batch_size={batch_size!r} fixes it. "
+            "Give error_tolerance with batch_size='auto' (the default), or a fixed "
+            "batch_size alone."
+        )
+    if not (isinstance(error_tolerance, int | float) and table_error < error_tolerance < 1.0):
+        raise ValueError(
+            f"error_tolerance must be a number in ({table_error:.1e}, 1), got "
+            f"{error_tolerance!r}: it bounds the acceptance probability's error per step, "
+            f"and the correction table's error alone is {table_error:.1e}."
+        )
+    return True
 
 
 def barker_correction(

@@ -1,0 +1,109 @@
+"""Benchmark: rows per round sized by the error budget against the fixed 100 rows, same run.
+
+The zero-config step ``MinibatchBarker(control_variate="taylor")`` twice per configuration,
+in one process, with the same data and seed: ``batch_size=100`` (the default until this
+change: 100 rows per round at every transition) and ``batch_size="auto"`` (the default
+now: rows per round sized by ``error_tolerance`` = 10⁻³ from the tuning's measuring
+transitions; see ``pymc_minibatch_mh.core.batch_budget``). Logistic regressions of
+``bench_tall_glm.py`` (same data, same prior), PyMC's default draws, chains one after
+another. A first step is built and discarded so that both arms find the same warm
+compilation caches.
+
+Per arm it prints: set-up and sampling seconds, min bulk ESS and max R-hat over the
+coefficients, the rows per round of the sampled draws, rows per transition while
+sampling, rows per ESS (every row the step read after its set-up, tuning included, over
+the min bulk ESS, as ``bench_mhss.py`` counts them), ESS per transition, ESS/s with
+set-up, the mean ``error_estimate`` of the sampled draws, and the largest
+|Δmean|/combined MCSE between the arms. Rows are ``batch_size`` + ``extra_evaluations``.
+
+    PYTHONPATH=$PWD python benchmarks/bench_error_budget.py            # N ∈ 1e5, 1e6; d ∈ 10, 30, 100
+    PYTHONPATH=$PWD python benchmarks/bench_error_budget.py --configs logistic:1e7:10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_tall_glm as tall  # noqa: E402  (the logistic grid's data and helpers)
+
+from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
+from pymc_minibatch_mh.model.compat import group, posterior, sample_stats  # noqa: E402
+
+DEFAULT_CONFIGS = [f"logistic:{n}:{d}" for n in ("1e5", "1e6") for d in (10, 30, 100)]
+ARMS = {"fixed 100": {"batch_size": 100}, "auto": {}}
+
+
+def run_arm(cfg, model, kwargs, seed):
+    start = time.perf_counter()
+    with model:
+        step = MinibatchBarker(control_variate="taylor", **kwargs)
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        idata = pm.sample(step=step, chains=2, cores=1, random_seed=seed, progressbar=False,
+                          compute_convergence_checks=False, discard_tuned_samples=False)
+    sampling = time.perf_counter() - start
+    stats, warm = sample_stats(idata), group(idata, "warmup_sample_stats")
+    rows = sum(float(np.asarray(s[k]).sum()) for s in (stats, warm)
+               for k in ("batch_size", "extra_evaluations"))
+    draws = tall.scalars({k: np.asarray(posterior(idata)[k]) for k in tall.free_names(cfg)},
+                         tall.free_names(cfg))
+    ess, _, rhat = tall.ess_rhat(draws)
+    transitions = np.asarray(stats["batch_size"]).size * step.steps_per_draw
+    sampled_rows = float(np.asarray(stats["batch_size"]).sum())
+    return {
+        "setup": setup, "sampling": sampling, "ess": ess, "rhat": rhat,
+        "m": sorted(set(np.asarray(stats["rows_per_round"]).ravel().tolist())),
+        "rows_per_transition": sampled_rows / transitions,
+        "rows_per_ess": rows / ess, "ess_per_transition": ess / transitions,
+        "ess_per_s": ess / (setup + sampling),
+        "error": float(np.asarray(stats["error_estimate"]).mean()), "draws": draws,
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help="comma-separated logistic:N:d")
+    p.add_argument("--seed", type=int, default=2017)
+    args = p.parse_args(argv)
+    lines = [
+        f"load average {os.getloadavg()[0]:.2f} at the start; PyMC {pm.__version__}", "",
+        "| N, d | arm | set-up s | sampling s | min bulk ESS | R-hat | rows per round "
+        "| rows/transition | rows/ESS | ESS/transition | ESS/s incl. set-up | mean error_estimate "
+        "| max abs Δmean/MCSE |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for text in args.configs.split(","):
+        cfg = tall.parse_config(text)
+        data = tall.make_data(cfg, args.seed, tall.design_dtype(cfg, "auto"))
+        model = tall.make_pymc_model(cfg, data)
+        with model:
+            MinibatchBarker(control_variate="taylor")  # warm the compilation caches
+        results = {arm: run_arm(cfg, model, kw, args.seed) for arm, kw in ARMS.items()}
+        ref = results["fixed 100"]["draws"]
+        for arm, r in results.items():
+            agree = tall.agreement(r["draws"], ref)[0] if arm != "fixed 100" else float("nan")
+            lines.append(
+                f"| {cfg.n:.0e}, {cfg.d} | {arm} | {r['setup']:.1f} | {r['sampling']:.1f} "
+                f"| {r['ess']:,.0f} | {r['rhat']:.3f} | {', '.join(map(str, r['m']))} "
+                f"| {r['rows_per_transition']:.1f} | {r['rows_per_ess']:,.1f} "
+                f"| {r['ess_per_transition']:.2f} | {r['ess_per_s']:,.0f} | {r['error']:.1e} "
+                f"| {agree:.2f} |"
+            )
+        print("\n".join(lines[-2:]), flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+r"""A minibatch sized by an error budget: the rows per round that keep the test's error small.
+
+The minibatch Barker test reads at least one round of ``m`` rows per step, then grows in
+rounds of ``m`` until ``s² < σ²``. With control variates at large N the residuals are tiny
+and ``s²`` is far below σ² after a handful of rows, so a fixed floor of 100 rows reads
+rows the decision does not need. This module sizes ``m`` from what the test measured
+during tuning instead, for a given budget on the per-step acceptance-probability error.
+
+Each tuning transition that stopped on a minibatch gives the population spread of its
+per-row values, ``σ̂² = s² n / (N² f(n))`` with ``f`` the finite-population factor, their
+skewness ``γ̂`` and ``Δ*``. From these the error the same proposal would have at another
+``m`` is predicted (:func:`predicted_error`):
+
+- the rows it would use: ``m``, or the first multiple of ``m`` where
+  ``s²(n) = N² σ̂² f(n)/n`` falls below σ² (the growth rule), at most N;
+- at those rows, the mean of the step's own error estimate
+  (:func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate`: the correction
+  table's error plus ``|κ̂₃| g'(Δ*)``, with ``κ̂₃`` scaling as ``1/n²``), whose plug-in
+  ``σ̂³`` from ``n`` rows is ``E[(χ²_k/k)^{3/2}]`` times ``σ³`` on average (``k = n − 1``;
+  1.6 at ``n = 2``, 1.1 at ``n = 10``), so that the mean ``error_estimate`` stat of the
+  sampled draws stays within the budget too;
+- plus a guard that the per-step estimate does not carry: ``s²`` is itself estimated
+  from the ``n`` rows (relative sd ``√(2/(n − 1))`` for near-normal values), and the
+  growth rule stops on the rounds where it came out low, which shifts the acceptance
+  probability by about ``½ |g''(Δ*)| · (s² − ŝ²)``. The guard
+  ``½ |g''(Δ*)| s² √(2/(n − 1))`` keeps ``m`` from falling where ``s²`` is not small
+  next to σ² but few rows estimate it; where control variates make ``s²`` tiny it is
+  negligible and ``m`` may fall to :data:`MIN_ROWS`.
+
+:func:`choose_rows` takes the smallest ``m`` on a grid whose mean predicted error over the
+recorded transitions is within the budget. The prediction rests on the error estimate,
+which is optimistic for heavy-tailed values (a few rare, large rows; see the guide's "How
+wrong" page): the audit (``audit_every``) measures the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from pymc_minibatch_mh.core.acceptance_error import barker_derivative, barker_error_estimate
+from pymc_minibatch_mh.core.moments import finite_population_factor, skew_from_edgeworth
+
+__all__ = [
+    "AUTO_START_ROWS",
+    "DEFAULT_ERROR_TOLERANCE",
+    "MEASURE_EVERY",
+    "MEASURE_FIRST",
+    "MIN_RECORDS",
+    "MIN_ROWS",
+    "RECHOOSE_EVERY",
+    "ErrorBudget",
+    "RowsChoice",
+    "choose_rows",
+    "predicted_error",
+]
+
+#: Rows per round while ``batch_size="auto"`` measures (tuning), and the most that the
+#: default budget chooses: it never reads more rows than the fixed default of 100 did.
+AUTO_START_ROWS: int = 100
+#: The fewest rows per round: two rows are the fewest with a variance.
+MIN_ROWS: int = 2
+#: The default per-step budget on the acceptance-probability error.
+DEFAULT_ERROR_TOLERANCE: float = 1e-3
+#: The fewest recorded tuning transitions the choice is made from.
+MIN_RECORDS: int = 50
+#: Tuning transitions that measure at :data:`AUTO_START_ROWS` rows per round: the first
+#: this many, then one in :data:`MEASURE_EVERY` (the others use the m chosen so far, so
+#: that tuning reads few rows too).
+MEASURE_FIRST: int = 50
+#: See :data:`MEASURE_FIRST`.
+MEASURE_EVERY: int = 32
+#: During tuning m is chosen again from the records every this many transitions.
+RECHOOSE_EVERY: int = 100
+
+
+@numba.njit(cache=True)
+def predicted_error(
+    m: int, n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
+    table_error: float, sigma: float,
+) -> tuple[float, float]:  # pragma: no cover (compiled)
+    """Mean predicted error and rows per step at ``m`` rows per round (see the module).
+
+    Parameters
+    ----------
+    m : int
+        Rows per round (≥ 2).
+    n_total : int
+        N.
+    delta_star, spread, skew : numpy.ndarray
+        Per recorded transition: Δ*, the population variance ``σ̂²`` of its values and
+        their skewness ``|γ̂|``.
+    table_error : float
+        The correction table's L∞ error.
+    sigma : float
+        σ of the test.
+
+    Returns
+    -------
+    tuple of float
+        The mean over the records of the predicted error (the per-step estimate plus the
+        variance-estimate guard; 0 for a step that would read all N rows) and of the rows.
+
+    """
+    sigma2 = sigma * sigma
+    total_error = 0.0
+    total_rows = 0.0
+    count = delta_star.shape[0]
+    for i in range(count):
+        a = spread[i] * n_total * n_total / (n_total - 1.0)  # s²(n) = a (N − n)/n
+        n = m
+        if n < n_total and a * (n_total - n) >= sigma2 * n:
+            # s²(n) < σ² for n > a N/(σ² + a): the first round past it.
+            n = m * (int(a * n_total / (sigma2 + a) / m) + 1)
+        if n >= n_total:
+            total_rows += n_total
+            continue
+        variance = a * (n_total - n) / n
+        # The step's estimate plugs in the spread of its n rows: with k = n − 1 degrees of
+        # freedom E[σ̂³] = σ³ (2/k)^{3/2} Γ((k + 3)/2)/Γ(k/2) (1.6 σ³ at n = 2).
+        k = n - 1.0
+        plug_in = math.exp(1.5 * math.log(2.0 / k) + math.lgamma(0.5 * (k + 3.0))
+                           - math.lgamma(0.5 * k))
+        error = plug_in * barker_error_estimate(delta_star[i], variance, skew[i], n, n_total,
+                                                table_error, sigma, False)
+        error += 0.5 * abs(barker_derivative(delta_star[i], 2)) * variance * math.sqrt(
+            2.0 / (n - 1.0))
+        total_error += error
+        total_rows += n
+    return total_error / count, total_rows / count
+
+
+@dataclass(frozen=True, slots=True)
+class RowsChoice:
+    """The rows per round chosen for a budget, and what they were predicted to give.
+
+    Attributes
+    ----------
+    rows : int
+        Rows per round ``m`` (the first minibatch and the growth increment).
+    predicted_error : float
+        Mean predicted acceptance-probability error per step at ``rows``.
+    predicted_rows : float
+        Mean predicted rows per step at ``rows``.
+    within_budget : bool
+        Whether ``predicted_error`` is within the budget (False: no ``m`` up to the cap
+        meets it, and the cap was taken).
+    records : int
+        Transitions the choice was made from.
+    skew : float
+        Their mean ``|γ̂|``: with few rows per round a minibatch's own skewness says
+        little, and the step's error estimate then uses at least this one, measured on the
+        tuning minibatches.
+
+    """
+
+    rows: int
+    predicted_error: float
+    predicted_rows: float
+    within_budget: bool
+    records: int
+    skew: float
+
+
+def choose_rows(
+    n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
+    budget: float, table_error: float, sigma: float, cap: int,
+) -> RowsChoice:
+    """The smallest rows per round whose mean predicted error is within ``budget``.
+
+    Each record's skewness is taken as at least the records' mean (as the step's error
+    estimate will, :attr:`RowsChoice.skew`). The candidates are :data:`MIN_ROWS`, ``cap``
+    (at most N) and about 20 values per decade between them; the first that meets the
+    budget is refined by bisection against the one before it (the predicted error falls
+    with m, so the result is the smallest m within the budget; a smaller m reads fewer
+    rows).
+
+    Parameters
+    ----------
+    n_total : int
+        N.
+    delta_star, spread, skew : numpy.ndarray
+        The records (see :func:`predicted_error`).
+    budget : float
+        The per-step error budget.
+    table_error, sigma : float
+        Of the test's correction table.
+    cap : int
+        The most rows per round to consider.
+
+    Returns
+    -------
+    RowsChoice
+        The choice (``cap`` if no candidate meets the budget).
+
+    """
+    cap = max(MIN_ROWS, min(int(cap), int(n_total)))
+    # The step's estimate uses at least the records' mean skewness (a few rows cannot
+    # measure it, RowsChoice.skew), so the prediction does too.
+    mean_skew = float(np.mean(skew))
+    skew = np.maximum(skew, mean_skew)
+    decades = max(1.0, math.log10(cap / MIN_ROWS))
+    grid = np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
+    args = (np.ascontiguousarray(delta_star, dtype=np.float64),
+            np.ascontiguousarray(spread, dtype=np.float64),
+            np.ascontiguousarray(skew, dtype=np.float64), float(table_error), float(sigma))
+    error = rows = math.nan
+    count, low = int(delta_star.shape[0]), MIN_ROWS - 1
+    for m in grid:
+        error, rows = predicted_error(int(m), int(n_total), *args)
+        if error <= budget:
+            high = int(m)
+            # Bisection between the last candidate over the budget and this one.
+            while high - low > 1:
+                mid = (low + high) // 2
+                mid_error, mid_rows = predicted_error(mid, int(n_total), *args)
+                if mid_error <= budget:
+                    high, error, rows = mid, mid_error, mid_rows
+                else:
+                    low = mid
+            return RowsChoice(high, error, rows, True, count, mean_skew)
+        low = int(m)
+    return RowsChoice(int(grid[-1]), error, rows, False, count, mean_skew)
+
+
+class ErrorBudget:
+    """Records a chain's tuning transitions and chooses its rows per round from them.
+
+    Parameters
+    ----------
+    tolerance : float
+        The per-step budget on the acceptance-probability error.
+    sigma : float
+        σ of the test.
+    table_error : float
+        The correction table's L∞ error.
+    cap : int
+        The most rows per round the choice may take.
+
+    """
+
+    __slots__ = ("tolerance", "sigma", "table_error", "cap", "_records")
+
+    def __init__(self, tolerance: float, sigma: float, table_error: float, cap: int) -> None:
+        self.tolerance = float(tolerance)
+        self.sigma = float(sigma)
+        self.table_error = float(table_error)
+        self.cap = int(cap)
+        self._records: list[tuple[float, float, float]] = []
+
+    def reset(self) -> None:
+        """Forget the records (a chain's start)."""
+        self._records = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, n: int, n_total: int, variance: float, edgeworth: float,
+               delta_star: float) -> None:
+        """Record one transition that stopped on ``n`` rows with ``s² = variance``.
+
+        Transitions that read all N rows, or fewer than two, or stopped on a non-finite
+        value, carry no spread and are skipped. ``edgeworth`` is the test's Edgeworth stat.
+        """
+        if not (1 < n < n_total and 0.0 < variance < math.inf and math.isfinite(delta_star)
+                and math.isfinite(edgeworth)):
+            return
+        spread = variance * n / (n_total * n_total * finite_population_factor(n, n_total))
+        skew = skew_from_edgeworth(edgeworth, n)
+        self._records.append((delta_star, spread, abs(skew)))
+
+    def choose(self, n_total: int) -> RowsChoice:
+        """The rows per round for the budget, from the second half of the records.
+
+        The first half is left out (the proposal's scale is still being tuned there), but
+        at least the last :data:`MIN_RECORDS` records are used.
+        """
+        count = len(self._records)
+        first = max(0, min(count // 2, count - MIN_RECORDS))
+        kept = np.asarray(self._records[first:], dtype=np.float64)
+        return choose_rows(n_total, kept[:, 0], kept[:, 1], kept[:, 2], self.tolerance,
+                           self.table_error, self.sigma, self.cap)

@@ -1,0 +1,191 @@
+"""``batch_size="auto"``: rows per round sized by an error budget (issue: fewer rows).
+
+Fast tests: the choice is the smallest candidate within the budget; the draws' mean
+``error_estimate`` stays within the budget (up to its Monte Carlo error) and a chooser that
+ignores the error fails that check; an explicit tight budget takes more than 100 rows;
+the settings are checked; too few tuning transitions warn. The slow test audits the law:
+the default budget's bias is not resolved from zero, a budget fifty times looser is.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import sample_kwargs
+
+from pymc_minibatch_mh import MinibatchBarker, audit_summary
+from pymc_minibatch_mh.core import batch_budget
+from pymc_minibatch_mh.core.batch_budget import (
+    AUTO_START_ROWS,
+    DEFAULT_ERROR_TOLERANCE,
+    MIN_ROWS,
+    choose_rows,
+    predicted_error,
+)
+from pymc_minibatch_mh.model.compat import group, sample_stats
+
+
+def _records(count=400, seed=0, spread=1e-6, skew=2.0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(0.0, 1.0, count), spread * rng.uniform(0.5, 1.5, count),
+            skew * rng.uniform(0.5, 1.5, count))
+
+
+def test_the_choice_is_the_smallest_candidate_within_the_budget():
+    delta, spread, skew = _records()
+    n_total = 100_000
+    for budget in (1e-2, 1e-3, 1e-4, 1e-5):
+        choice = choose_rows(n_total, delta, spread, skew, budget, 1e-8, 1.0, cap=n_total)
+        assert choice.within_budget and choice.predicted_error <= budget
+        assert choice.skew == pytest.approx(float(np.mean(skew)))
+        floored = np.maximum(skew, choice.skew)
+        if choice.rows > MIN_ROWS:  # one row fewer is over the budget
+            below, _ = predicted_error(choice.rows - 1, n_total, delta, spread, floored,
+                                       1e-8, 1.0)
+            assert below > budget
+    tight = choose_rows(n_total, delta, spread, skew, 1e-5, 1e-8, 1.0, cap=n_total).rows
+    loose = choose_rows(n_total, delta, spread, skew, 1e-2, 1e-8, 1.0, cap=n_total).rows
+    assert tight > loose
+    # With a cap below what the budget needs, the cap is taken and says so.
+    capped = choose_rows(n_total, delta, spread, skew, 1e-7, 1e-8, 1.0, cap=10)
+    assert capped.rows == 10 and not capped.within_budget
+
+
+def test_predicted_rows_follow_the_growth_rule():
+    # Spread so large that s²(m) > σ² below about 3,300 rows: a step grows to the first
+    # round past a N/(σ² + a) (at most N).
+    n_total = 10_000
+    delta, spread, skew = np.zeros(1), np.array([0.5 / n_total]), np.zeros(1)
+    a = spread[0] * n_total**2 / (n_total - 1)
+    need = a * n_total / (1.0 + a)
+    _, rows = predicted_error(50, n_total, delta, spread, skew, 0.0, 1.0)
+    assert rows == 50 * (int(need / 50) + 1)
+    _, rows = predicted_error(5000, n_total, delta, spread, skew, 0.0, 1.0)
+    assert rows == 5000  # s²(5000) = a (N − 5000)/5000 < σ²: no growth
+
+
+def _logistic_model(n=10_000, d=10, seed=2):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d - 1))
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-(0.3 + x @ np.full(d - 1, 0.5)))))
+    model = pm.Model()
+    with model:
+        b = pm.Normal("b", 0.0, 5.0, shape=d)
+        pm.Bernoulli("y", logit_p=b[0] + pm.math.dot(x, b[1:]), observed=y)
+    return model
+
+
+def _run(model, draws=300, tune=300, chains=1, discard_tuned_samples=True, **kwargs):
+    with model:
+        step = MinibatchBarker(control_variate="taylor", **kwargs)
+        idata = pm.sample(draws=draws, tune=tune, step=step, chains=chains, cores=1,
+                          discard_tuned_samples=discard_tuned_samples,
+                          **sample_kwargs(random_seed=7))
+    if discard_tuned_samples:
+        return step, sample_stats(idata)
+    return step, sample_stats(idata), group(idata, "warmup_sample_stats")
+
+
+def _mean_estimate_within(stats, budget):
+    """The draws' mean error estimate is within the budget, up to 3 standard errors."""
+    estimate = np.asarray(stats["error_estimate"]).ravel()
+    se = estimate.std(ddof=1) / math.sqrt(estimate.size)
+    return estimate.mean() - 3.0 * se <= budget
+
+
+def test_the_sampled_draws_keep_their_error_within_the_default_budget():
+    step, stats, warmup = _run(_logistic_model(), discard_tuned_samples=False)
+    # Tuning: the measuring transitions use 100 rows per round, the others the m chosen
+    # so far (a draw's stat is its last transition's).
+    tuning_rows = set(np.asarray(warmup["rows_per_round"]).ravel().tolist())
+    assert tuning_rows >= {AUTO_START_ROWS, step.rows_choice.rows}
+    rows = np.asarray(stats["rows_per_round"]).ravel()
+    # Control variates make the residuals small: far fewer rows than the start's 100.
+    assert step.rows_choice is not None and step.rows_choice.rows < 30
+    assert np.all(rows == step.rows_choice.rows)  # the stat is the m the test used
+    assert np.all(np.asarray(stats["batch_size"]) >= 3 * step.rows_choice.rows)
+    assert step.error_tolerance == DEFAULT_ERROR_TOLERANCE
+    assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
+
+
+def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
+    def table_error_only(m, n_total, delta_star, spread, skew, table_error, sigma):
+        return table_error, float(m)
+
+    monkeypatch.setattr(batch_budget, "predicted_error", table_error_only)
+    step, stats = _run(_logistic_model())
+    assert step.rows_choice.rows == MIN_ROWS
+    assert not _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
+
+
+def test_an_explicit_tight_budget_takes_more_than_the_default_cap():
+    budget = 2e-6
+    step, stats = _run(_logistic_model(), error_tolerance=budget)
+    assert step.error_tolerance == budget
+    assert step.rows_choice.rows > AUTO_START_ROWS
+    assert _mean_estimate_within(stats, budget)
+
+
+def test_a_fixed_batch_size_is_kept():
+    step, stats = _run(_logistic_model(), batch_size=40, draws=50, tune=100)
+    assert step.rows_choice is None and step.error_tolerance is None
+    assert np.all(np.asarray(stats["rows_per_round"]) == 40)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_size=100, error_tolerance=1e-3), "error_tolerance sizes the minibatch"),
+    (dict(batch_size="big"), "positive integer or 'auto'"),
+    (dict(error_tolerance=0.0), "error_tolerance must be a number"),
+    (dict(error_tolerance=1.0), "error_tolerance must be a number"),
+    (dict(error_tolerance=1e-12), "the correction table's error alone"),
+    (dict(error_tolerance="1e-3"), "error_tolerance must be a number"),
+])
+def test_bad_settings_are_refused(kwargs, match):
+    with pm.Model():
+        pm.Normal("y", pm.Normal("mu", 0.0, 1.0), 1.0, observed=np.zeros(50))
+        with pytest.raises(ValueError, match=match):
+            MinibatchBarker(**kwargs)
+
+
+def test_too_few_tuning_transitions_warn_and_keep_the_start():
+    model = _logistic_model(n=2_000)
+    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round: only 30"):
+        step, stats = _run(model, draws=10, tune=10)  # 3 transitions per tuning draw
+    assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no tuning at all: no warning
+        step, stats = _run(model, draws=10, tune=0)
+    assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
+
+
+# ------------------------------------------------------------------ the law, audited
+def _exponential_run(error_tolerance):
+    # Exponential data without control variates: ratios of skewness ±2. Steps small enough
+    # that s(Δ*) ≈ 0.3 at 100 rows, so that a small m is what a loose budget takes.
+    n = 20_000
+    y = np.random.default_rng(11).exponential(1.0, size=n)
+    step_sd = 0.3 * math.sqrt(AUTO_START_ROWS) / (n * y.std())
+    with pm.Model():
+        lam = pm.HalfNormal("lam", 10.0)
+        pm.Exponential("y", lam, observed=y)
+        step = MinibatchBarker(S=[step_sd], tune=False, audit_every=1,
+                               error_tolerance=error_tolerance)
+        idata = pm.sample(draws=3000, tune=300, step=step, chains=1, cores=1,
+                          initvals={"lam": 1.0 / y.mean()}, **sample_kwargs(random_seed=5))
+    return step, audit_summary(idata).loc["all"]
+
+
+@pytest.mark.slow
+@pytest.mark.newest_line
+def test_the_audit_resolves_the_bias_of_a_loose_budget_only():
+    step, row = _exponential_run(DEFAULT_ERROR_TOLERANCE)
+    # The default budget: the audited bias is not resolved above the budget.
+    assert row["aligned_error_low"] <= DEFAULT_ERROR_TOLERANCE
+    loose, loose_row = _exponential_run(0.05)
+    assert loose.rows_choice.rows < step.rows_choice.rows
+    # Fifty times looser: the audit resolves a bias above the default budget.
+    assert loose_row["aligned_error_low"] > DEFAULT_ERROR_TOLERANCE
