@@ -456,8 +456,11 @@ class Run:
 
 
 def build_step(model: pm.Model, proposal: str = "auto") -> MinibatchBarker:
+    """The package's step; ``proposal`` may end in ``:m`` for a fixed ``batch_size=m``."""
+    name, _, rows = proposal.partition(":")
+    kwargs = {"batch_size": int(rows)} if rows else {}
     with model:
-        return MinibatchBarker(control_variate="taylor", proposal=proposal)
+        return MinibatchBarker(control_variate="taylor", proposal=name, **kwargs)
 
 
 def package_name(proposal: str) -> str:
@@ -506,6 +509,9 @@ def run_package(family: str, model: pm.Model, args, proposal: str = "auto") -> R
     ss = sample_stats(idata)
     rows = np.asarray(ss["batch_size"], dtype=float) + np.asarray(ss["extra_evaluations"])
     run.rows_per_draw = float(rows.mean())
+    if "rows_per_round" in ss:
+        run.note += (", rows per round when sampling "
+                     f"{sorted(set(np.asarray(ss['rows_per_round']).ravel().tolist()))}")
     post = posterior(idata)
     run.draws = {k: np.asarray(post[k]) for k in free_names(model)}
     return run
@@ -674,7 +680,8 @@ def parse_args(argv=None):
                    help="write a cProfile of each step construction into this folder")
     p.add_argument("--proposals", default="auto",
                    help="comma-separated proposal= settings of the package's step, each run "
-                        "(default: auto, the zero-config step; e.g. auto,blackjax_nuts)")
+                        "(default: auto, the zero-config step; e.g. auto,blackjax_nuts); "
+                        "name:m also fixes batch_size=m (e.g. auto,auto:100)")
     p.add_argument("--chains", type=int, default=2, help="chains, one after another")
     p.add_argument("--seed", type=int, default=2017)
     p.add_argument("--out", type=Path, default=OUT)

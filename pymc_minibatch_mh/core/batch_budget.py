@@ -72,7 +72,7 @@ MIN_RECORDS: int = 50
 #: that tuning reads few rows too).
 MEASURE_FIRST: int = 50
 #: See :data:`MEASURE_FIRST`.
-MEASURE_EVERY: int = 32
+MEASURE_EVERY: int = 64
 #: During tuning m is chosen again from the records every this many transitions.
 RECHOOSE_EVERY: int = 100
 

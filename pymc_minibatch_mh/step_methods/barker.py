@@ -44,7 +44,7 @@ class MinibatchBarker(MinibatchStep):
         Continuous variables to sample as one block (default: all free variables).
     batch_size : int or "auto", default "auto"
         Rows per round: the first minibatch's size and the growth increment (the paper's
-        m). ``"auto"``: during PyMC's tuning phase, the first 50 transitions and one in 32
+        m). ``"auto"``: during PyMC's tuning phase, the first 50 transitions and one in 64
         after them use m = 100 and measure the test's error; the others, and at the end of
         tuning the sampled draws, use the smallest m whose predicted per-step error of the
         acceptance probability, from those measurements, is within ``error_tolerance``
