@@ -172,7 +172,7 @@ def choose_rows(
     """The smallest rows per round whose mean predicted error is within ``budget``.
 
     Each record's skewness is taken as at least the records' mean (as the step's error
-    estimate will, :attr:`RowsChoice.skew`). The candidates are :data:`MIN_ROWS`, ``cap``
+    estimate will: ``RowsChoice.skew``). The candidates are :data:`MIN_ROWS`, ``cap``
     (at most N) and about 20 values per decade between them; the first that meets the
     budget is refined by bisection against the one before it (the predicted error falls
     with m, so the result is the smallest m within the budget; a smaller m reads fewer
