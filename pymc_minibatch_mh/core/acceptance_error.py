@@ -48,7 +48,7 @@ from scipy.stats import moment
 
 from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.logistic import barker_probability
-from pymc_minibatch_mh.core.moments import finite_population_factor
+from pymc_minibatch_mh.core.moments import finite_population_factor, population_variance
 from pymc_minibatch_mh.core.skew import acceptance_probability
 
 __all__ = [
@@ -277,9 +277,8 @@ def barker_error_estimate(
         return math.nan
     estimate = 0.0
     if variance > 0.0 and n > 1:
-        # σ̂² from s² = N² σ̂² / n · (1 − (n − 1)/(N − 1)) (moments.delta_star_variance),
-        # then μ̂₃ = γ̂ σ̂³.
-        sd = math.sqrt(variance * n / (n_total**2 * finite_population_factor(n, n_total)))
+        # σ̂² behind s² (the inverse of moments.delta_star_variance), then μ̂₃ = γ̂ σ̂³.
+        sd = math.sqrt(population_variance(variance, n, n_total))
         kappa3 = third_cumulant(abs(skew) * sd**3, n, n_total)
         estimate += abs(kappa3) * barker_derivative(delta_star, 1)  # κ₃ < 0 for n > N/2
     if variance < sigma * sigma:

@@ -28,6 +28,7 @@ from pymc_minibatch_mh.core.moments import (
     delta_star_variance,
     merge_moments,
     merge_third_moment,
+    rows_for_variance,
     skew_from_edgeworth,
     third_moment_sum,
 )
@@ -264,16 +265,17 @@ def _error(delta_star: float, variance: float, edgeworth: float, n: int, n_total
 def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: float) -> int:
     """Rows to draw next when the test needs more than it has (whole rounds, ≤ N − n).
 
-    The rows the test will need are predicted from its variance so far: ``s²`` at ``n'``
-    rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]``, which falls below σ² at
-    ``n' = N / (1 + σ²(N − n) / (n s²(n)))``. The next draw asks for :data:`GROWTH_FACTOR`
+    The rows the test will need are predicted from its variance so far: ``s²`` falls
+    below σ² at ``n' = N / (1 + σ²(N − n) / (n s²(n)))``
+    (:func:`~pymc_minibatch_mh.core.moments.rows_for_variance`). The next draw asks for
+    :data:`GROWTH_FACTOR`
     (1.15) times that, in whole rounds, so that most growing steps need one more
     evaluation instead of one per round. Only the cost and which random rows are drawn
     depend on this: rows drawn but not used take no part in the decision and are not
     counted.
     """
     if 0.0 < variance < math.inf:
-        target = n_total / (1.0 + sigma2 * (n_total - n) / (n * variance))
+        target = rows_for_variance(n, variance, n_total, sigma2)
         rounds = -(-(int(GROWTH_FACTOR * target) - n) // batch_size)  # ceiling division
         need = max(batch_size, rounds * batch_size)
     else:

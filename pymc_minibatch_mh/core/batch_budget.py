@@ -42,7 +42,12 @@ import numba
 import numpy as np
 
 from pymc_minibatch_mh.core.acceptance_error import barker_derivative, barker_error_estimate
-from pymc_minibatch_mh.core.moments import finite_population_factor, skew_from_edgeworth
+from pymc_minibatch_mh.core.moments import (
+    delta_star_variance,
+    population_variance,
+    rows_for_variance,
+    skew_from_edgeworth,
+)
 
 __all__ = [
     "AUTO_START_ROWS",
@@ -110,15 +115,15 @@ def predicted_error(
     total_rows = 0.0
     count = delta_star.shape[0]
     for i in range(count):
-        a = spread[i] * n_total * n_total / (n_total - 1.0)  # s²(n) = a (N − n)/n
         n = m
-        if n < n_total and a * (n_total - n) >= sigma2 * n:
-            # s²(n) < σ² for n > a N/(σ² + a): the first round past it.
-            n = m * (int(a * n_total / (sigma2 + a) / m) + 1)
+        variance = delta_star_variance(spread[i] * (n - 1.0), n, n_total)
+        if sigma2 <= variance < math.inf:
+            # The growth rule: the first round past the rows where s² falls below σ².
+            n = m * (int(rows_for_variance(m, variance, n_total, sigma2) / m) + 1)
+            variance = delta_star_variance(spread[i] * (n - 1.0), n, n_total)
         if n >= n_total:
             total_rows += n_total
             continue
-        variance = a * (n_total - n) / n
         # The step's estimate plugs in the spread of its n rows: with k = n − 1 degrees of
         # freedom E[σ̂³] = σ³ (2/k)^{3/2} Γ((k + 3)/2)/Γ(k/2) (1.6 σ³ at n = 2).
         k = n - 1.0
@@ -268,9 +273,8 @@ class ErrorBudget:
         if not (1 < n < n_total and 0.0 < variance < math.inf and math.isfinite(delta_star)
                 and math.isfinite(edgeworth)):
             return
-        spread = variance * n / (n_total * n_total * finite_population_factor(n, n_total))
         skew = skew_from_edgeworth(edgeworth, n)
-        self._records.append((delta_star, spread, abs(skew)))
+        self._records.append((delta_star, population_variance(variance, n, n_total), abs(skew)))
 
     def choose(self, n_total: int) -> RowsChoice:
         """The rows per round for the budget, from the second half of the records.

@@ -32,6 +32,8 @@ __all__ = [
     "mean_variance",
     "merge_moments",
     "merge_third_moment",
+    "population_variance",
+    "rows_for_variance",
     "skew_from_edgeworth",
     "third_moment_sum",
 ]
@@ -434,3 +436,38 @@ def skew_from_edgeworth(edgeworth: float, n: int) -> float:
 
     """
     return edgeworth * 6.0 * math.sqrt(n) / EDGEWORTH_SUP
+
+
+@numba.njit(cache=True)
+def population_variance(variance: float, n: int, n_total: int) -> float:
+    """The sample variance ``var̂`` of the values behind ``s² = variance`` (compiled).
+
+    The inverse of :func:`delta_star_variance` in its ``var̂ = m2/(n − 1)``:
+    ``s² n / (N² (1 − (n − 1)/(N − 1)))``, for ``2 ≤ n < N``.
+
+    Examples
+    --------
+    >>> population_variance(delta_star_variance(4.0, 2, 5), 2, 5)
+    4.0
+
+    """
+    return variance * n / (float(n_total) * n_total * finite_population_factor(n, n_total))
+
+
+@numba.njit(cache=True)
+def rows_for_variance(n: int, variance: float, n_total: int, target: float) -> float:
+    """The rows at which ``s²`` falls to ``target``, predicted from ``s² = variance`` at ``n``.
+
+    ``s²`` at ``n'`` rows is about ``s²(n) · [(N − n')/n'] / [(N − n)/n]`` (the same spread
+    of the values), which equals ``target`` at ``n' = N / (1 + target (N − n) / (n s²(n)))``
+    (compiled; for ``0 < variance < inf``). The growth rule of the Barker test
+    (:func:`~pymc_minibatch_mh.core.barker.growth_rows`) and the error budget's
+    prediction (:func:`~pymc_minibatch_mh.core.batch_budget.predicted_error`) use it.
+
+    Examples
+    --------
+    >>> rows_for_variance(10, 4.0, 1000, 1.0)  # doctest: +ELLIPSIS
+    38.8...
+
+    """
+    return n_total / (1.0 + target * (n_total - n) / (n * variance))

@@ -184,8 +184,10 @@ class MinibatchBarker(MinibatchStep):
             None if not self.auto_rows else
             DEFAULT_ERROR_TOLERANCE if error_tolerance is None else float(error_tolerance)
         )
-        self._budget = ErrorBudget(
-            self.error_tolerance or DEFAULT_ERROR_TOLERANCE, self.sigma, self.correction.error,
+        # The records and the choice of m (None with a fixed m); with the default budget
+        # m is at most AUTO_START_ROWS.
+        self._budget = None if self.error_tolerance is None else ErrorBudget(
+            self.error_tolerance, self.sigma, self.correction.error,
             AUTO_START_ROWS if error_tolerance is None else 2**62,
         )
         #: Each chain's choice of m at the end of its tuning (the last chain's; None before).
