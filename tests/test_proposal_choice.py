@@ -11,6 +11,7 @@ import pytest
 from conftest import sample_kwargs
 
 from pymc_minibatch_mh import AustereMH, MinibatchBarker
+from pymc_minibatch_mh.core.penalty import penalty_probability
 from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 from pymc_minibatch_mh.proposals import (
     CrankNicolsonProposal,
@@ -47,7 +48,10 @@ def test_auto_picks_crank_nicolson_with_control_variates_and_random_walk_without
         plain = MinibatchBarker(batch_size=50)
         laplace_walk = MinibatchBarker(control_variate="taylor", S="laplace", batch_size=50)
     assert isinstance(cv.proposal, CrankNicolsonProposal)
-    assert cv.tuner.target == pytest.approx(0.4)
+    # Zero-config runs the penalty test with Crank–Nicolson: Barker's target 0.4 scaled by
+    # what a perfect proposal gets, h_0.5(0) = 0.80 against 1/2.
+    assert cv.acceptance == "penalty" and plain.acceptance == "barker"
+    assert cv.tuner.target == pytest.approx(0.4 * penalty_probability(0.0, 0.5) / 0.5)
     assert isinstance(plain.proposal, RandomWalkProposal) and plain.tuner.target == 0.25
     assert isinstance(laplace_walk.proposal, RandomWalkProposal)
     np.testing.assert_allclose(laplace_walk.proposal.chol @ laplace_walk.proposal.chol.T,
@@ -103,7 +107,7 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
         assert np.all(scaling <= 1.0)
         np.testing.assert_allclose(np.sqrt(1 - rho**2), scaling, rtol=1e-12)
     # residuals are 0: one round of 50 rows in each of the draw's transitions
-    assert step.steps_per_draw == (9 if kind == "surrogate_nuts" else 3)
+    assert step.steps_per_draw == {"surrogate_nuts": 9, "crank_nicolson": 1}.get(kind, 3)
     assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw
 
 

@@ -14,6 +14,8 @@
 - :mod:`~pymc_minibatch_mh.core.moments`: running moments, the finite-population variance
   ``s²`` of Δ* and the (estimated) error ε;
 - :mod:`~pymc_minibatch_mh.core.logistic`: Barker's function ``g`` (the logistic CDF);
+- :mod:`~pymc_minibatch_mh.core.penalty`: the penalty test's acceptance function ``h_σ``
+  (Ceperley and Dewing 1999) and its exact correction, run by the Barker test's rounds;
 - :mod:`~pymc_minibatch_mh.core.acceptance_error`: the Barker test's acceptance
   probability given its minibatch and the per-step error estimates;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;

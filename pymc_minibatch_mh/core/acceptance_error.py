@@ -49,9 +49,11 @@ from scipy.stats import moment
 from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.logistic import barker_probability
 from pymc_minibatch_mh.core.moments import finite_population_factor, population_variance
+from pymc_minibatch_mh.core.penalty import BARKER, PenaltyCorrection, penalty_derivative
 from pymc_minibatch_mh.core.skew import acceptance_probability
 
 __all__ = [
+    "acceptance_derivative",
     "barker_accept_probability",
     "barker_error_estimate",
     "barker_derivative",
@@ -96,6 +98,36 @@ def barker_derivative(delta: float, order: int) -> float:
     raise ValueError("order must be 1, 2 or 3")
 
 
+@numba.njit(cache=True)
+def acceptance_derivative(kind: int, delta: float, sigma: float, order: int) -> float:
+    """The ``order``-th derivative of the test's acceptance function at Δ.
+
+    ``kind`` is :data:`~pymc_minibatch_mh.core.penalty.BARKER` (``g``,
+    :func:`barker_derivative`) or :data:`~pymc_minibatch_mh.core.penalty.PENALTY`
+    (``h_σ``, :func:`~pymc_minibatch_mh.core.penalty.penalty_derivative`).
+
+    Examples
+    --------
+    >>> acceptance_derivative(0, 0.0, 1.0, 1)
+    0.25
+
+    """
+    if kind == BARKER:
+        return barker_derivative(delta, order)
+    return penalty_derivative(delta, sigma, order)
+
+
+@numba.njit(cache=True)
+def _envelope(kind: int, delta: float, sigma: float) -> float:
+    # A smooth bound of the third derivative's size near Δ: g' for Barker (|g‴| ≤ g'
+    # everywhere); for the penalty function max(h', |h‴|) (h‴ changes sign, and h'
+    # falls faster than |h‴| for Δ > 0).
+    first = acceptance_derivative(kind, delta, sigma, 1)
+    if kind == BARKER:
+        return first
+    return max(first, abs(acceptance_derivative(kind, delta, sigma, 3)))
+
+
 def barker_accept_probability(
     delta_star: float, variance: float, correction: CorrectionSampler | None, *, exact: bool,
     skew: float = 0.0,
@@ -136,6 +168,10 @@ def barker_accept_probability(
     """
     if not math.isfinite(delta_star) or math.isnan(variance):
         return 0.0
+    if isinstance(correction, PenaltyCorrection):
+        if skew:
+            raise ValueError("The penalty test has no skew-corrected top-up.")
+        return correction.accept_probability(delta_star, variance, exact=exact)
     if exact or correction is None:
         return barker_probability(delta_star)
     return float(acceptance_probability(
@@ -221,8 +257,20 @@ def barker_error_estimate(
     table_error: float,
     sigma: float,
     early: bool = False,
+    kind: int = BARKER,
+    kurtosis: float = 0.0,
 ) -> float:  # compiled: it runs every step
     r"""Per-step estimate of ``|E[p(Δ*, s²)] − g(Δ)|``, the test's acceptance-probability error.
+
+    For the penalty test (``kind``), ``g`` stands for its acceptance function ``h_σ``
+    throughout and ``g'`` for ``max(h_σ', |h_σ‴|)`` (``|h_σ‴| ≤ h_σ'`` does not hold
+    for Δ > 0); its correction is exact (``table_error`` 0). It has a fourth term: the
+    test tops the noise up to ``σ²`` with ``σ² − ŝ²``, so an error ``δ = s² − ŝ²`` of the
+    variance estimate moves its acceptance probability by ``h_σ''(Δ) δ/2``, and
+    ``h_σ''(0) ≠ 0`` (−0.37 at σ = 0.5; Barker's ``g''(0) = 0``, where that term is of
+    second order and left to the error budget's guard); the estimate adds
+    ``|h_σ''(Δ*)| s² sd(ŝ²/s²)/2`` with ``sd(ŝ²/s²) = √(2/(n − 1) + κ̂₄⁺/n)`` (``κ̂₄⁺``:
+    the minibatch's excess kurtosis, at least 0).
 
     The sum of three terms, each from what the step observed:
 
@@ -259,6 +307,10 @@ def barker_error_estimate(
         σ of the test.
     early : bool
         Whether the early-decision rule ended the step.
+    kind : int
+        The acceptance function (:func:`acceptance_derivative`).
+    kurtosis : float
+        Excess kurtosis of the minibatch's values (used by the penalty test's term).
 
     Returns
     -------
@@ -280,11 +332,14 @@ def barker_error_estimate(
         # σ̂² behind s² (the inverse of moments.delta_star_variance), then μ̂₃ = γ̂ σ̂³.
         sd = math.sqrt(population_variance(variance, n, n_total))
         kappa3 = third_cumulant(abs(skew) * sd**3, n, n_total)
-        estimate += abs(kappa3) * barker_derivative(delta_star, 1)  # κ₃ < 0 for n > N/2
+        estimate += abs(kappa3) * _envelope(kind, delta_star, sigma)  # κ₃ < 0 for n > N/2
     if variance < sigma * sigma:
         estimate += table_error
+        if kind != BARKER and variance > 0.0 and n > 1:
+            estimate += 0.5 * abs(acceptance_derivative(kind, delta_star, sigma, 2)) * (
+                variance * math.sqrt(2.0 / (n - 1.0) + max(kurtosis, 0.0) / n))
     elif early:
-        estimate += 0.5 * variance * abs(barker_derivative(delta_star, 2))
+        estimate += 0.5 * variance * abs(acceptance_derivative(kind, delta_star, sigma, 2))
     return estimate
 
 

@@ -26,12 +26,14 @@ from pymc_minibatch_mh.core.moments import (
     chunk_moments,
     clt_error_bound,
     delta_star_variance,
+    excess_kurtosis,
     merge_moments,
     merge_third_moment,
     rows_for_variance,
     skew_from_edgeworth,
     third_moment_sum,
 )
+from pymc_minibatch_mh.core.penalty import BARKER, PenaltyCorrection, acceptance_kind
 from pymc_minibatch_mh.core.skew import skew_topup, skew_topup_cumulant
 from pymc_minibatch_mh.core.source import MinibatchSource
 
@@ -97,6 +99,8 @@ class BarkerOutcome(TestOutcome):
         The step's estimate of its acceptance-probability error
         (:func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate`; 0 at full
         data, NaN when a non-finite ratio stopped the test).
+    kurtosis : float
+        The penalty test's excess kurtosis of the minibatch's values (0 for Barker's test).
 
     """
 
@@ -109,6 +113,7 @@ class BarkerOutcome(TestOutcome):
     skew: float = 0.0
     skew_fallback: bool = False
     error_estimate: float = math.nan
+    kurtosis: float = 0.0
 
 
 def barker_decision(
@@ -131,7 +136,8 @@ def barker_decision(
     variance : float
         Its variance s².
     correction : CorrectionSampler
-        ``C_σ``; its ``sigma`` is σ.
+        ``C_σ``; its ``sigma`` is σ. A :class:`~pymc_minibatch_mh.core.penalty.PenaltyCorrection`
+        makes this the penalty test (its exact decision draws ``σZ + X_corr``).
     full_data : bool
         Whether Δ* = Δ (every row was used).
     skew : float, optional
@@ -146,7 +152,9 @@ def barker_decision(
     """
     sigma2 = correction.sigma * correction.sigma
     if full_data or variance >= sigma2:
-        # Exact Barker decision given Δ* (exact when Δ* = Δ, i.e. at full data).
+        # The exact decision given Δ* (exact when Δ* = Δ, i.e. at full data).
+        if isinstance(correction, PenaltyCorrection):
+            return correction.exact_accepts(rng, delta_star)
         return barker_accepts(rng, delta_star)
     # sd · N(0, 1) (the same value as rng.normal(0, sd)), or the skewed top-up.
     x_nc = skew_topup(rng, sigma2 - variance, skew)
@@ -158,7 +166,7 @@ def barker_rounds(
     block: np.ndarray, buf: np.ndarray, n: int, mean: float, m2: float, rounds: int,
     n_total: int, batch_size: int, data_free: float, sigma2: float, tolerance: float,
     early_decision: float, skew: bool = False, m3: float = 0.0, table_error: float = 0.0,
-    skew_floor: float = 0.0,
+    skew_floor: float = 0.0, kind: int = BARKER,
 ) -> tuple[Any, ...]:  # pragma: no cover
     """Run rounds of the minibatch Barker test on one block of evaluated ratios (compiled).
 
@@ -195,19 +203,24 @@ def barker_rounds(
         The least skewness ``|γ̂|`` the error estimate uses (the minibatch's own when
         larger): with a budget-sized minibatch of a few rows, the skewness measured on
         the tuning minibatches (:mod:`~pymc_minibatch_mh.core.batch_budget`).
+    kind : int, optional
+        The acceptance function, for the error estimate
+        (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`: Barker's or the
+        penalty test's).
 
     Returns
     -------
     tuple
         ``(status, used, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
-        m3, kappa, fallback, error)`` with ``status`` one of :data:`NEED_MORE`,
+        m3, kappa, fallback, error, kurtosis)`` with ``status`` one of :data:`NEED_MORE`,
         :data:`DONE`, :data:`EARLY`, :data:`STOPPED` and ``used`` the rows of ``block``
         consumed. ``epsilon`` and ``edgeworth`` (see
         :func:`~pymc_minibatch_mh.core.moments.clt_error_bound`) are computed when the test
         stops short of N rows; ``kappa`` is the top-up's third cumulant (0 on a fallback);
         ``error`` the step's
         :func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate` (0 at full
-        data, NaN on a stop).
+        data, NaN on a stop); ``kurtosis`` the minibatch's excess kurtosis at a stop with
+        ``s² < σ²`` for the penalty test (its error estimate uses it), else 0.
 
     """
     pos = 0
@@ -218,7 +231,7 @@ def barker_rounds(
         count = min(batch_size, n_total - n)
         if pos + count > length:
             return (NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0, m3,
-                    0.0, False, 0.0)
+                    0.0, False, 0.0, 0.0)
         chunk = block[pos : pos + count]
         buf[n : n + count] = chunk
         c_mean, c_m2 = chunk_moments(chunk)
@@ -231,9 +244,10 @@ def barker_rounds(
         delta_star = n_total * mean + data_free
         if not math.isfinite(delta_star) or math.isnan(m2):
             return (STOPPED, pos, n, mean, m2, rounds, delta_star, math.nan, math.nan, math.nan,
-                    m3, 0.0, False, math.nan)
+                    m3, 0.0, False, math.nan, 0.0)
         if n >= n_total:
-            return DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False, 0.0
+            return (DONE, pos, n, mean, m2, rounds, delta_star, 0.0, 0.0, 0.0, m3, 0.0, False,
+                    0.0, 0.0)
         variance = delta_star_variance(m2, n, n_total)  # inf for n < 2
         if variance < sigma2:
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
@@ -241,25 +255,26 @@ def barker_rounds(
                 kappa, fallback = 0.0, False
                 if skew:
                     kappa, fallback = skew_topup_cumulant(n, n_total, m3, sigma2 - variance)
+                kurtosis = excess_kurtosis(buf[:n], mean) if kind != BARKER else 0.0
                 error = _error(delta_star, variance, edgeworth, n, n_total, table_error,
-                               sigma2, False, skew_floor)
+                               sigma2, False, skew_floor, kind, kurtosis)
                 return (DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon,
-                        edgeworth, m3, 0.0 if fallback else kappa, fallback, error)
+                        edgeworth, m3, 0.0 if fallback else kappa, fallback, error, kurtosis)
         if early_decision > 0.0 and abs(delta_star) >= early_decision * math.sqrt(variance):
             epsilon, edgeworth = clt_error_bound(buf[:n], mean)
             error = _error(delta_star, variance, edgeworth, n, n_total, table_error, sigma2,
-                           True, skew_floor)
+                           True, skew_floor, kind, 0.0)
             return (EARLY, pos, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth,
-                    m3, 0.0, False, error)
+                    m3, 0.0, False, error, 0.0)
 
 
 @numba.njit(cache=True, nogil=True)
 def _error(delta_star: float, variance: float, edgeworth: float, n: int, n_total: int,
            table_error: float, sigma2: float, early: bool,
-           skew_floor: float) -> float:  # pragma: no cover
+           skew_floor: float, kind: int, kurtosis: float) -> float:  # pragma: no cover
     skew = max(skew_from_edgeworth(edgeworth, n), skew_floor)
     return barker_error_estimate(delta_star, variance, skew, n, n_total, table_error,
-                                 math.sqrt(sigma2), early)
+                                 math.sqrt(sigma2), early, kind, kurtosis)
 
 
 def growth_rows(n: int, variance: float, n_total: int, batch_size: int, sigma2: float) -> int:
@@ -291,7 +306,10 @@ class BarkerTest:
     batch_size : int
         Rows added per round (the paper's m); the first minibatch has this size too.
     correction : CorrectionSampler
-        The correction distribution ``C_σ``; its ``sigma`` is the σ of the test.
+        The correction distribution ``C_σ``; its ``sigma`` is the σ of the test. A
+        :class:`~pymc_minibatch_mh.core.penalty.PenaltyCorrection` runs the penalty test
+        (a Metropolis-type acceptance function, :mod:`~pymc_minibatch_mh.core.penalty`)
+        with the same rounds.
     tolerance : float, optional
         If given, also grow the minibatch while ``epsilon > tolerance``. Note that
         ``epsilon > 6.4/√b`` always, so a tolerance δ needs ``b > (6.4/δ)²`` rows.
@@ -356,6 +374,7 @@ class BarkerTest:
             self.skew_correction,
             float(correction.error),  # the table's L∞ error
             self.skew_floor,
+            acceptance_kind(correction),
         )
         self._buf = np.empty(1024)
 
@@ -381,7 +400,7 @@ class BarkerTest:
             The decision and the test's statistics.
 
         """
-        sigma2, tolerance, early, skew, table_error, skew_floor = self._settings
+        sigma2, tolerance, early, skew, table_error, skew_floor, kind = self._settings
         n = rounds = 0
         delta_star, variance, epsilon, edgeworth, error = data_free, 0.0, 0.0, 0.0, math.nan
         # -inf: the proposal is outside the prior's support; no data are needed.
@@ -391,7 +410,7 @@ class BarkerTest:
         buffered = source.buffered
         count = min(n_total, max(m, buffered - buffered % m))
         buf = self._buf
-        mean = m2 = m3 = kappa = 0.0
+        mean = m2 = m3 = kappa = kurtosis = 0.0
         fallback = False
         while status == NEED_MORE:
             if buf.shape[0] < n + count:
@@ -399,9 +418,9 @@ class BarkerTest:
                 grown[:n] = buf[:n]
                 buf = self._buf = grown
             (status, _, n, mean, m2, rounds, delta_star, variance, epsilon, edgeworth, m3,
-             kappa, fallback, error) = barker_rounds(
+             kappa, fallback, error, kurtosis) = barker_rounds(
                 source.draw_values(count), buf, n, mean, m2, rounds, n_total, m, data_free,
-                sigma2, tolerance, early, skew, m3, table_error, skew_floor,
+                sigma2, tolerance, early, skew, m3, table_error, skew_floor, kind,
             )
             if status == NEED_MORE:
                 count = growth_rows(n, variance, n_total, m, sigma2)
@@ -414,12 +433,15 @@ class BarkerTest:
             accepted = barker_decision(
                 rng, delta_star, variance, self.correction, full_data=n >= n_total, skew=kappa
             )
-            nonfinite, accept_prob = False, barker_probability(delta_star)
+            nonfinite = False
+            accept_prob = (self.correction.probability(delta_star) if kind != BARKER
+                           else barker_probability(delta_star))
         return BarkerOutcome(
             accepted=accepted, batch_size=n, rounds=rounds, full_data=n >= n_total,
             nonfinite=nonfinite, extra_evaluations=0, delta_star=delta_star,
             variance=variance, epsilon=epsilon, edgeworth=edgeworth, early=status == EARLY,
             accept_prob=accept_prob, skew=kappa, skew_fallback=fallback, error_estimate=error,
+            kurtosis=kurtosis,
         )
 
 

@@ -41,13 +41,14 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from pymc_minibatch_mh.core.acceptance_error import barker_derivative, barker_error_estimate
+from pymc_minibatch_mh.core.acceptance_error import acceptance_derivative, barker_error_estimate
 from pymc_minibatch_mh.core.moments import (
     delta_star_variance,
     population_variance,
     rows_for_variance,
     skew_from_edgeworth,
 )
+from pymc_minibatch_mh.core.penalty import BARKER
 
 __all__ = [
     "AUTO_START_ROWS",
@@ -85,7 +86,7 @@ RECHOOSE_EVERY: int = 100
 @numba.njit(cache=True)
 def predicted_error(
     m: int, n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
-    table_error: float, sigma: float,
+    table_error: float, sigma: float, kind: int = BARKER, kurtosis: float = 0.0,
 ) -> tuple[float, float]:  # pragma: no cover (compiled)
     """Mean predicted error and rows per step at ``m`` rows per round (see the module).
 
@@ -102,6 +103,11 @@ def predicted_error(
         The correction table's L∞ error.
     sigma : float
         σ of the test.
+    kind : int
+        Its acceptance function (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`).
+    kurtosis : float
+        The values' excess kurtosis (the records' mean): the penalty test's estimate has a
+        term for the error of ``ŝ²``, which stands in for the guard below.
 
     Returns
     -------
@@ -130,9 +136,10 @@ def predicted_error(
         plug_in = math.exp(1.5 * math.log(2.0 / k) + math.lgamma(0.5 * (k + 3.0))
                            - math.lgamma(0.5 * k))
         error = plug_in * barker_error_estimate(delta_star[i], variance, skew[i], n, n_total,
-                                                table_error, sigma, False)
-        error += 0.5 * abs(barker_derivative(delta_star[i], 2)) * variance * math.sqrt(
-            2.0 / (n - 1.0))
+                                                table_error, sigma, False, kind, kurtosis)
+        if kind == BARKER:  # the penalty test's own estimate has this term
+            error += 0.5 * abs(acceptance_derivative(kind, delta_star[i], sigma, 2)) * (
+                variance * math.sqrt(2.0 / (n - 1.0)))
         total_error += error
         total_rows += n
     return total_error / count, total_rows / count
@@ -172,7 +179,8 @@ class RowsChoice:
 
 def choose_rows(
     n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
-    budget: float, table_error: float, sigma: float, cap: int,
+    budget: float, table_error: float, sigma: float, cap: int, kind: int = BARKER,
+    kurtosis: float = 0.0,
 ) -> RowsChoice:
     """The smallest rows per round whose mean predicted error is within ``budget``.
 
@@ -195,6 +203,10 @@ def choose_rows(
         Of the test's correction table.
     cap : int
         The most rows per round to consider.
+    kind : int, optional
+        The test's acceptance function (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`).
+    kurtosis : float, optional
+        The records' mean excess kurtosis (see :func:`predicted_error`).
 
     Returns
     -------
@@ -211,7 +223,8 @@ def choose_rows(
     grid = np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
     args = (np.ascontiguousarray(delta_star, dtype=np.float64),
             np.ascontiguousarray(spread, dtype=np.float64),
-            np.ascontiguousarray(skew, dtype=np.float64), float(table_error), float(sigma))
+            np.ascontiguousarray(skew, dtype=np.float64), float(table_error), float(sigma),
+            int(kind), float(kurtosis))
     error = rows = math.nan
     count, low = int(delta_star.shape[0]), MIN_ROWS - 1
     for m in grid:
@@ -244,17 +257,21 @@ class ErrorBudget:
         The correction table's L∞ error.
     cap : int
         The most rows per round the choice may take.
+    kind : int, optional
+        The test's acceptance function (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`).
 
     """
 
-    __slots__ = ("tolerance", "sigma", "table_error", "cap", "_records")
+    __slots__ = ("tolerance", "sigma", "table_error", "cap", "kind", "_records")
 
-    def __init__(self, tolerance: float, sigma: float, table_error: float, cap: int) -> None:
+    def __init__(self, tolerance: float, sigma: float, table_error: float, cap: int,
+                 kind: int = BARKER) -> None:
+        self.kind = int(kind)
         self.tolerance = float(tolerance)
         self.sigma = float(sigma)
         self.table_error = float(table_error)
         self.cap = int(cap)
-        self._records: list[tuple[float, float, float]] = []
+        self._records: list[tuple[float, float, float, float]] = []
 
     def reset(self) -> None:
         """Forget the records (a chain's start)."""
@@ -264,26 +281,34 @@ class ErrorBudget:
         return len(self._records)
 
     def record(self, n: int, n_total: int, variance: float, edgeworth: float,
-               delta_star: float) -> None:
+               delta_star: float, kurtosis: float = 0.0) -> None:
         """Record one transition that stopped on ``n`` rows with ``s² = variance``.
 
         Transitions that read all N rows, or fewer than two, or stopped on a non-finite
-        value, carry no spread and are skipped. ``edgeworth`` is the test's Edgeworth stat.
+        value, carry no spread and are skipped. ``edgeworth`` is the test's Edgeworth stat,
+        ``kurtosis`` the penalty test's excess kurtosis of its values.
         """
         if not (1 < n < n_total and 0.0 < variance < math.inf and math.isfinite(delta_star)
                 and math.isfinite(edgeworth)):
             return
         skew = skew_from_edgeworth(edgeworth, n)
-        self._records.append((delta_star, population_variance(variance, n, n_total), abs(skew)))
+        self._records.append((delta_star, population_variance(variance, n, n_total), abs(skew),
+                              kurtosis if math.isfinite(kurtosis) else 0.0))
 
-    def choose(self, n_total: int) -> RowsChoice:
+    def choose(self, n_total: int, *, sigma: float | None = None,
+               table_error: float | None = None, kind: int | None = None) -> RowsChoice:
         """The rows per round for the budget, from the second half of the records.
 
         The first half is left out (the proposal's scale is still being tuned there), but
-        at least the last :data:`MIN_RECORDS` records are used.
+        at least the last :data:`MIN_RECORDS` records are used. The records describe the
+        rows, not the test: ``sigma``, ``table_error`` and ``kind`` choose for another
+        test than the budget's own.
         """
         count = len(self._records)
         first = max(0, min(count // 2, count - MIN_RECORDS))
         kept = np.asarray(self._records[first:], dtype=np.float64)
-        return choose_rows(n_total, kept[:, 0], kept[:, 1], kept[:, 2], self.tolerance,
-                           self.table_error, self.sigma, self.cap)
+        return choose_rows(
+            n_total, kept[:, 0], kept[:, 1], kept[:, 2], self.tolerance,
+            self.table_error if table_error is None else table_error,
+            self.sigma if sigma is None else sigma, self.cap,
+            self.kind if kind is None else kind, float(np.mean(kept[:, 3])))

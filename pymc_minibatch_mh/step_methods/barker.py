@@ -21,10 +21,21 @@ from pymc_minibatch_mh.core.batch_budget import (
     RowsChoice,
 )
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
+from pymc_minibatch_mh.core.penalty import (
+    BARKER,
+    DEFAULT_PENALTY_SIGMA,
+    PenaltyCorrection,
+    acceptance_kind,
+    penalty_probability,
+)
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
-__all__ = ["MinibatchBarker"]
+__all__ = ["PENALTY_PROPOSALS", "MinibatchBarker"]
+
+#: The proposals with which ``acceptance="auto"`` runs the penalty test (the others keep
+#: Barker's): measured in ``benchmarks/bench_past_ceiling.py``.
+PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 
 
 class MinibatchBarker(MinibatchStep):
@@ -56,9 +67,29 @@ class MinibatchBarker(MinibatchStep):
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
         sizes m for (default 1e-3; then m ≤ 100). Given explicitly, m may exceed 100 (up
         to N) to meet it. Only with ``batch_size="auto"``.
-    sigma : float, default 1.0
-        σ of the normal part, ``0 < σ < π/√3``. Larger σ allows smaller minibatches
-        (the test needs ``s² < σ²``) at the price of a larger correction-table error.
+    sigma : float, optional
+        σ of the normal part: 1 for Barker's test (``0 < σ < π/√3``), 0.5 for the penalty
+        test (any ``σ > 0``). Larger σ allows smaller minibatches (the test needs
+        ``s² < σ²``) at the price of a larger correction-table error (Barker) or a lower
+        acceptance (penalty: ``2Φ(−σ/2)`` for a perfect proposal). Given with
+        ``acceptance="auto"``, it is the σ of whichever test runs.
+    acceptance : {"auto", "barker", "penalty"}, default "auto"
+        The acceptance function. ``"auto"``: the penalty test with the Crank–Nicolson
+        proposal (:data:`PENALTY_PROPOSALS`, zero-config's for GLMs), unless
+        ``skew_correction`` or ``correction`` is given; else Barker's. With
+        ``batch_size="auto"``, a chain whose penalty test cannot meet the error budget
+        with the rows allowed runs Barker's test after tuning instead if Barker's
+        predicted error is smaller (and its ``steps_per_draw``); the ``penalty_test`` stat
+        says which test each draw used, ``step.acceptance`` which one the last chain
+        ran. ``"barker"``: ``g(Δ) = 1/(1 + e^{−Δ})``, which accepts at
+        most half of even a perfect proposal. ``"penalty"``: Ceperley and Dewing's penalty
+        function ``h_σ(Δ) = E[min(1, exp(Δ + σZ − σ²/2))]``, Metropolis' rule smoothed by a
+        normal of sd σ; it accepts a perfect proposal with probability ``2Φ(−σ/2)`` (0.62
+        at σ = 1), its correction ``X_corr = E − σ²/2`` is drawn exactly (no table), but
+        its error per step is larger for the same minibatch (``max|h_σ‴| = 0.22`` at
+        σ = 1 against ``max|g‴| = 1/8``), so ``batch_size="auto"`` picks larger m. With it
+        ``steps_per_draw="auto"`` is 1. See :mod:`~pymc_minibatch_mh.core.penalty`. Not
+        with ``skew_correction`` or ``correction``.
     temperature : float or TemperatureSchedule, default 1.0
         K: the likelihood is raised to ``1/K`` (the prior is not). Since ``s²`` scales as
         ``1/K²``, high temperatures allow small minibatches. A
@@ -99,7 +130,8 @@ class MinibatchBarker(MinibatchStep):
 
     Notes
     -----
-    Sample stats (all scalars): ``accepted`` (1.0/0.0), ``accept`` (``g(Δ*)``),
+    Sample stats (all scalars): ``accepted`` (1.0/0.0), ``accept`` (``g(Δ*)``; ``h_σ(Δ*)``
+    for the penalty test),
     ``batch_size`` (observations used by this step's test), ``epsilon`` (plug-in estimate
     of Novak's bound on the normal-approximation error: an estimate from the minibatch's
     own moments, not a bound; above 1 the normal approximation cannot be trusted),
@@ -108,7 +140,7 @@ class MinibatchBarker(MinibatchStep):
     (third cumulant of the top-up noise) and ``skew_fallback``, ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (always 0 here),
     ``scaling`` (the effective proposal scale), ``temperature``, ``rows_per_round`` (m),
-    and the chain's running
+    ``penalty_test`` (whether the penalty test decided), and the chain's running
     ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).
 
     References
@@ -156,6 +188,7 @@ class MinibatchBarker(MinibatchStep):
         "skew": (np.float64, []),
         "skew_fallback": (bool, []),
         "rows_per_round": (np.int64, []),
+        "penalty_test": (bool, []),
     }
 
     def __init__(
@@ -164,32 +197,43 @@ class MinibatchBarker(MinibatchStep):
         *,
         batch_size: int | str = "auto",
         error_tolerance: float | None = None,
-        sigma: float = 1.0,
+        sigma: float | None = None,
         tolerance: float | None = None,
         early_decision: float | None = None,
         correction: CorrectionDistribution | None = None,
         skew_correction: bool = False,
+        acceptance: str = "auto",
         **kwargs: Any,
     ) -> None:
-        check_barker_settings(sigma, tolerance, early_decision)
-        self.correction = barker_correction(sigma, correction)
-        self.sigma = float(sigma)
+        check_acceptance(acceptance, sigma, correction, skew_correction)
+        check_barker_settings(1.0 if sigma is None or acceptance == "penalty" else sigma,
+                              tolerance, early_decision)
+        self._acceptance_setting = acceptance
+        self._sigma_setting = sigma
+        # Barker's correction table, when Barker's test may run.
+        self._barker_correction = None if acceptance == "penalty" else barker_correction(
+            1.0 if sigma is None else sigma, correction)
+        self._correction_given = correction is not None
         self.skew_correction = bool(skew_correction)
         self._tolerance = tolerance
         self._early_decision = early_decision
         #: Whether m is sized by the error budget (``batch_size="auto"``).
-        self.auto_rows = check_rows_setting(batch_size, error_tolerance, self.correction.error)
+        self.auto_rows = check_rows_setting(
+            batch_size, error_tolerance,
+            0.0 if self._barker_correction is None else self._barker_correction.error)
         #: The per-step error budget of ``batch_size="auto"`` (None with a fixed m).
         self.error_tolerance = (
             None if not self.auto_rows else
             DEFAULT_ERROR_TOLERANCE if error_tolerance is None else float(error_tolerance)
         )
-        # The records and the choice of m (None with a fixed m); with the default budget
-        # m is at most AUTO_START_ROWS.
-        self._budget = None if self.error_tolerance is None else ErrorBudget(
-            self.error_tolerance, self.sigma, self.correction.error,
-            AUTO_START_ROWS if error_tolerance is None else 2**62,
-        )
+        # With the default budget m is at most AUTO_START_ROWS.
+        self._rows_cap = AUTO_START_ROWS if error_tolerance is None else 2**62
+        # The records and the choice of m (None with a fixed m).
+        self._budget: ErrorBudget | None = None
+        #: The acceptance function each chain starts with (``"barker"`` or ``"penalty"``).
+        self.initial_acceptance = acceptance
+        if acceptance != "auto":
+            self._set_acceptance(acceptance)
         #: Each chain's choice of m at the end of its tuning (the last chain's; None before).
         self.rows_choice: RowsChoice | None = None
         self._skew_floor = 0.0
@@ -238,7 +282,47 @@ class MinibatchBarker(MinibatchStep):
         super()._start_chain(rng)
         self._update_kernel_settings()  # the chain's batch size
 
+    def _proposal_chosen(self, proposal: Any) -> None:
+        if self._acceptance_setting == "auto":
+            self.initial_acceptance = (
+                "penalty" if proposal.name in PENALTY_PROPOSALS and not self.skew_correction
+                and not self._correction_given else "barker")
+            self._set_acceptance(self.initial_acceptance)
+
+    def _set_acceptance(self, acceptance: str) -> None:
+        """Run ``acceptance``'s test from now on (its σ, correction and error budget)."""
+        #: The acceptance function in use: ``"barker"`` or ``"penalty"`` (the
+        #: ``penalty_test`` stat says which one each draw used).
+        self.acceptance = acceptance
+        if acceptance == "penalty":
+            self.sigma = (DEFAULT_PENALTY_SIGMA if self._sigma_setting is None
+                          else float(self._sigma_setting))
+            self.correction = PenaltyCorrection(self.sigma)
+            # The tuner's default target, scaled by the most a perfect proposal is
+            # accepted: h_σ(0) against Barker's 1/2.
+            self.target_accept_factor = 2.0 * penalty_probability(0.0, self.sigma)
+        else:
+            self.sigma = 1.0 if self._sigma_setting is None else float(self._sigma_setting)
+            self.correction = self._barker_correction
+            self.target_accept_factor = 1.0
+        if self.error_tolerance is None:
+            return
+        if self._budget is None:
+            self._budget = ErrorBudget(self.error_tolerance, self.sigma, self.correction.error,
+                                       self._rows_cap, acceptance_kind(self.correction))
+        else:  # the records describe the rows, not the test: they are kept
+            self._budget.sigma, self._budget.table_error = self.sigma, self.correction.error
+            self._budget.kind = acceptance_kind(self.correction)
+
+    def _transitions_per_draw(self) -> int:
+        # Past Barker's ceiling one transition per draw suffices (bench_past_ceiling.py).
+        return 1 if self.acceptance == "penalty" else super()._transitions_per_draw()
+
     def _start_chain_on_data(self, rng: Any) -> None:
+        if self.acceptance != self.initial_acceptance:  # the last chain left the penalty test
+            self._set_acceptance(self.initial_acceptance)
+            if self.auto_steps_per_draw:
+                self.steps_per_draw = self._transitions_per_draw()
         if self.auto_rows:  # each chain measures afresh, on the data it starts with
             self.batch_size = self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
             self._budget.reset()
@@ -263,7 +347,22 @@ class MinibatchBarker(MinibatchStep):
                     "batch_size as an int.", RuntimeWarning, stacklevel=3,
                 )
             return
-        choice = self.rows_choice = budget.choose(self._n_rows)
+        choice = budget.choose(self._n_rows)
+        if (final and not choice.within_budget and self.acceptance == "penalty"
+                and self._acceptance_setting == "auto"):
+            # No m up to the cap keeps the penalty test within the budget. Barker's test
+            # is smoother (a smaller error for the same minibatch) but stops growing at
+            # s² < 1 rather than σ²: the one with the smaller predicted error runs (the
+            # penalty_test stat says which; the records describe the rows, not the test).
+            barker = budget.choose(
+                self._n_rows, sigma=1.0 if self._sigma_setting is None else self._sigma_setting,
+                table_error=self._barker_correction.error, kind=BARKER)
+            if barker.predicted_error < choice.predicted_error:
+                self._set_acceptance("barker")
+                if self.auto_steps_per_draw:
+                    self.steps_per_draw = self._transitions_per_draw()
+                choice = barker
+        self.rows_choice = choice
         if choice.rows != self.batch_size:
             self.policy.reset(choice.rows)  # the prefetch's history was for the old m
         self.batch_size = choice.rows
@@ -284,7 +383,7 @@ class MinibatchBarker(MinibatchStep):
         outcome = test(self.rng, estimator, data_free)
         if measuring:
             self._budget.record(outcome.batch_size, estimator.n_total, outcome.variance,
-                                outcome.edgeworth, outcome.delta_star)
+                                outcome.edgeworth, outcome.delta_star, outcome.kurtosis)
         if count == MEASURE_FIRST or (count > MEASURE_FIRST and count % RECHOOSE_EVERY == 0):
             self._choose_rows(final=False)
         return outcome
@@ -303,6 +402,7 @@ class MinibatchBarker(MinibatchStep):
             "delta_variance": outcome.variance,
             "early_decision": outcome.early,
             "rows_per_round": self._rows_used,
+            "penalty_test": self.acceptance == "penalty",
         }
         if self.skew_correction:
             values["skew"] = outcome.skew
@@ -336,6 +436,38 @@ def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> No
     ):
         raise ValueError(
             f"early_decision must be a positive number or None, got {early_decision!r}."
+        )
+
+
+def check_acceptance(acceptance: Any, sigma: Any, correction: Any, skew_correction: Any) -> None:
+    """Validate ``acceptance`` and the settings that go with it.
+
+    Raises
+    ------
+    ValueError
+        For an unknown acceptance function; with ``"penalty"``, a ``sigma`` that is not a
+        positive finite number, a ``correction`` table, or ``skew_correction``. (With
+        ``"barker"`` or ``"auto"``, :func:`check_barker_settings` checks ``sigma``.)
+
+    """
+    if acceptance not in ("auto", "barker", "penalty"):
+        raise ValueError(
+            f"acceptance must be 'auto', 'barker' or 'penalty', got {acceptance!r}."
+        )
+    if acceptance != "penalty":
+        return
+    if sigma is not None and not (isinstance(sigma, int | float) and 0.0 < sigma
+                                  and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be a positive number, got {sigma!r}.")
+    if correction is not None:
+        raise ValueError(
+            "acceptance='penalty' draws its correction exactly (an exponential shifted by "
+            "-sigma**2/2); a correction table is for Barker's test. Leave correction unset."
+        )
+    if skew_correction:
+        raise ValueError(
+            "skew_correction is implemented for Barker's test only; use it with "
+            "acceptance='barker', or leave it off with acceptance='penalty'."
         )
 
 

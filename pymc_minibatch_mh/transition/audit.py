@@ -65,6 +65,7 @@ from pymc_minibatch_mh.core.exact import (
     full_data_delta,
     metropolis_accepts,
 )
+from pymc_minibatch_mh.core.penalty import PenaltyCorrection
 from pymc_minibatch_mh.core.subsampling import MHSubLhdOutcome
 
 __all__ = ["AUDIT_STATS", "Audit", "check_audit_every"]
@@ -209,7 +210,8 @@ class Audit:
             outcome.delta_star, outcome.variance, correction, exact=used_logistic,
             skew=outcome.skew,
         )
-        p_exact = exact_accept_probability(delta, "barker")
+        p_exact = (correction.probability(delta) if isinstance(correction, PenaltyCorrection)
+                   and math.isfinite(delta) else exact_accept_probability(delta, "barker"))
         v = float(self.rng.random())  # type: ignore[union-attr]
         u = (1.0 - p_mb) + p_mb * v if outcome.accepted else (1.0 - p_mb) * v
         kappa3 = 0.0

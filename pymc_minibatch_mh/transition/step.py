@@ -527,7 +527,9 @@ class MinibatchStep(MinibatchStepBase):
         Tune ``scaling`` towards ``target_accept`` during tuning (see
         :class:`~pymc_minibatch_mh.proposals.tuning.ScalingTuner`).
     target_accept : float
-        Target acceptance probability for tuning.
+        Target acceptance probability for tuning (default: 0.4 with a surrogate
+        proposal, else 0.25; times ``target_accept_factor``, which the penalty test of
+        :class:`~pymc_minibatch_mh.MinibatchBarker` sets to ``h_σ(0)/(1/2)``).
     control_variate : {None, "taylor"}
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
@@ -570,6 +572,10 @@ class MinibatchStep(MinibatchStepBase):
     state_class = MinibatchStepState
     #: Whether ``control_variate=`` applies to this step method.
     supports_control_variate: ClassVar[bool] = True
+    #: The default ``target_accept`` (0.4 with a surrogate proposal, else 0.25, set for
+    #: Barker's test, which accepts at most half of a perfect proposal) times this: a
+    #: test that accepts more of a perfect proposal sets it higher.
+    target_accept_factor: float = 1.0
 
     #: Stats shared by every Metropolis-Hastings step (those of every step among them).
     common_stats: ClassVar[dict[str, tuple[Any, list[int]]]] = {
@@ -648,15 +654,35 @@ class MinibatchStep(MinibatchStepBase):
                 f"proposal={self.proposal.name!r} follows the Laplace fit at one temperature; "
                 "a TemperatureSchedule changes it. Use proposal='random_walk' with a schedule."
             )
+        self._proposal_chosen(self.proposal)
         self.steps_per_draw = resolve_steps_per_draw(settings["steps_per_draw"], self.proposal)
+        #: Whether ``steps_per_draw`` was ``"auto"`` (:meth:`_transitions_per_draw`).
+        self.auto_steps_per_draw = settings["steps_per_draw"] == "auto"
+        if self.auto_steps_per_draw:
+            self.steps_per_draw = self._transitions_per_draw()
         target_accept = settings["target_accept"]
         if target_accept is None:
-            target_accept = SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT
+            target_accept = self.target_accept_factor * (
+                SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT)
         self.tuner = ScalingTuner(scaling, target=target_accept,
                                   maximum=self.proposal.max_scale)
         self.scaling = self.tuner.scaling
         #: The proposal's state at the current point (None: to be built).
         self._proposal_state: ProposalState | None = None
+
+    def _proposal_chosen(self, proposal: Proposal) -> None:
+        """Hook: the proposal is known, the tuner and ``steps_per_draw`` not yet.
+
+        A step whose test depends on the proposal chooses it here
+        (``MinibatchBarker(acceptance="auto")``).
+        """
+
+    def _transitions_per_draw(self) -> int:
+        """``steps_per_draw="auto"``: by default what the proposal declares.
+
+        (:attr:`~pymc_minibatch_mh.proposals.base.Proposal.transitions_per_draw`.)
+        """
+        return int(self.proposal.transitions_per_draw)
 
     def _make_proposal(self, proposal: Any, S: Any) -> Proposal:
         """The proposal for the ``proposal`` and ``S`` settings, on the current set-up."""

@@ -1,0 +1,228 @@
+"""The penalty test (``MinibatchBarker(acceptance="penalty")``, issue 29, item 2).
+
+Fast: the acceptance function satisfies detailed balance and its closed-form derivatives
+match finite differences; the decisions given Δ (all rows) and given a minibatch (Δ*, s²)
+accept with the closed-form probabilities, to binomial error; the chain recovers a known
+posterior's mean and variance, and the same chain without the penalty σ²/2 (a noisy
+Metropolis test) is 25 % too wide and fails the same check; the settings are checked.
+Slow: on skewed data the audit resolves the test's bias and its error estimate is not
+optimistic (a deliberately optimistic one fails).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import sample_kwargs
+from test_audit import _exponential_model, _not_optimistic
+
+from pymc_minibatch_mh import MinibatchBarker, audit_summary
+from pymc_minibatch_mh.core.barker import barker_decision
+from pymc_minibatch_mh.core.penalty import (
+    PenaltyCorrection,
+    penalty_derivative,
+    penalty_given_minibatch,
+    penalty_probability,
+)
+from pymc_minibatch_mh.model.compat import posterior, sample_stats
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 2.5])
+def test_detailed_balance_and_derivatives(sigma):
+    for delta in np.linspace(-6.0, 6.0, 25):
+        assert penalty_probability(delta, sigma) == pytest.approx(
+            math.exp(delta) * penalty_probability(-delta, sigma), rel=1e-12, abs=1e-15)
+        h = 1e-3
+        f = [penalty_probability(delta + k * h, sigma) for k in (-2, -1, 0, 1, 2)]
+        assert penalty_derivative(delta, sigma, 1) == pytest.approx(
+            (f[3] - f[1]) / (2 * h), abs=1e-6)
+        assert penalty_derivative(delta, sigma, 2) == pytest.approx(
+            (f[3] - 2 * f[2] + f[1]) / h**2, abs=1e-4)
+        assert penalty_derivative(delta, sigma, 3) == pytest.approx(
+            (f[4] - 2 * f[3] + 2 * f[1] - f[0]) / (2 * h**3), abs=1e-3)
+    assert penalty_probability(0.0, sigma) == pytest.approx(
+        2.0 * 0.5 * math.erfc(sigma / 2 / math.sqrt(2.0)))  # 2Φ(−σ/2)
+
+
+def _frequency(decide, count=40_000, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.mean([decide(rng) for _ in range(count)]), count
+
+
+@pytest.mark.parametrize(("delta_star", "variance", "full_data"),
+                         [(0.3, 0.0, True), (-1.2, 0.0, True), (0.3, 0.6, False),
+                          (-0.8, 0.2, False), (2.0, 0.9, False)])
+def test_decisions_accept_with_the_closed_form_probability(delta_star, variance, full_data):
+    correction = PenaltyCorrection(1.0)
+    p = correction.accept_probability(delta_star, variance, exact=full_data)
+    assert p == pytest.approx(penalty_given_minibatch(
+        delta_star, 1.0 - (0.0 if full_data else variance), 1.0))
+    freq, count = _frequency(lambda rng: barker_decision(
+        rng, delta_star, variance, correction, full_data=full_data))
+    assert abs(freq - p) < 4.0 * math.sqrt(p * (1 - p) / count)
+    if full_data:
+        assert p == pytest.approx(penalty_probability(delta_star, 1.0))
+
+
+class _NoPenalty(PenaltyCorrection):
+    """A broken correction: the exponential without its shift −σ²/2 (noisy Metropolis)."""
+
+    def sample(self, rng):
+        return float(rng.standard_exponential())
+
+
+def test_a_correction_without_the_penalty_fails_the_decision_check():
+    freq, count = _frequency(lambda rng: barker_decision(
+        rng, 0.3, 0.6, _NoPenalty(1.0), full_data=False))
+    p = PenaltyCorrection(1.0).accept_probability(0.3, 0.6, exact=False)
+    assert abs(freq - p) > 4.0 * math.sqrt(p * (1 - p) / count)
+
+
+def _normal_chain(correction=None):
+    """A normal mean with known sd (N = 2,000, flat prior): the posterior is
+    N(ȳ, 1/N). Random-walk steps of 0.3 posterior sds (the minibatch then grows to
+    about 200 rows until s² < σ² = 1; wider steps need every row), ten transitions per
+    draw, two chains of 3,000 draws."""
+    y = np.random.default_rng(3).normal(0.5, 1.0, size=2000)
+    sd = 1.0 / math.sqrt(y.size)
+    with pm.Model():
+        mu = pm.Flat("mu")
+        pm.Normal("y", mu, 1.0, observed=y)
+        step = MinibatchBarker(acceptance="penalty", batch_size=50, S=[0.3 * sd],
+                               tune=False, steps_per_draw=10)
+        if correction is not None:
+            step.correction = correction
+            step._update_kernel_settings()
+        idata = pm.sample(draws=3000, tune=0, step=step, chains=2, cores=1,
+                          initvals={"mu": float(y.mean())}, **sample_kwargs(random_seed=4))
+    draws = np.asarray(posterior(idata)["mu"])
+    return draws, float(y.mean()), sd, idata
+
+
+def _variance_within(draws, var, z=4.0):
+    """The draws' variance agrees with ``var`` within z Monte Carlo errors (the variance of
+    the centred squares, with their ESS)."""
+    import arviz as az
+
+    centred = (draws - draws.mean()) ** 2
+    ess = float(az.ess(centred))
+    se = centred.std() / math.sqrt(ess)
+    return abs(centred.mean() - var) <= z * se, centred.mean() / var
+
+
+def test_the_chain_recovers_a_known_posterior():
+    import arviz as az
+
+    draws, mean, sd, idata = _normal_chain()
+    mcse = float(np.ravel(az.mcse(draws, method="mean"))[0])
+    assert abs(draws.mean() - mean) <= 4.0 * mcse
+    within, ratio = _variance_within(draws, sd**2)
+    assert within, ratio
+    stats = sample_stats(idata)
+    # It accepts more than Barker's test could: h_1(0) = 0.62 is its ceiling, g(0) = 0.5.
+    assert float(stats["accepted"].mean()) > 0.3
+    # The minibatches did not grow to N (batch_size sums a draw's ten transitions).
+    assert float(stats["batch_size"].mean()) / 10 < 0.25 * 2000
+
+
+def test_the_chain_without_the_penalty_fails_the_same_check():
+    draws, _, sd, _ = _normal_chain(_NoPenalty(1.0))
+    within, ratio = _variance_within(draws, sd**2)
+    assert not within and ratio > 1.1, ratio
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"acceptance": "metropolis"}, "acceptance must be"),
+    ({"acceptance": "penalty", "sigma": -1.0}, "sigma must be a positive"),
+    ({"acceptance": "penalty", "skew_correction": True}, "skew_correction"),
+])
+def test_settings_are_checked(kwargs, match):
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=np.zeros(10))
+        with pytest.raises(ValueError, match=match):
+            MinibatchBarker(**kwargs)
+
+
+def test_sigma_above_barkers_range_is_allowed_and_sets_the_tuning_target():
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=np.zeros(10))
+        step = MinibatchBarker(acceptance="penalty", sigma=2.0)
+        barker = MinibatchBarker()
+    assert step.tuner.target == pytest.approx(
+        barker.tuner.target * penalty_probability(0.0, 2.0) / 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.newest_line
+def test_penalty_estimate_is_not_optimistic_on_a_skewed_model():
+    n, b = 20_000, 50
+    model, y = _exponential_model(n, seed=11)
+    step_sd = 1.6 * math.sqrt(b) / (n * y.std())  # as the Barker test's audit test
+    with model:
+        step = MinibatchBarker(batch_size=b, S=[step_sd], tune=False, audit_every=1,
+                               acceptance="penalty")
+        idata = pm.sample(draws=6000, tune=0, step=step, chains=1, cores=1,
+                          initvals={"lam": 1.0 / y.mean()}, **sample_kwargs(random_seed=5))
+    row = audit_summary(idata).loc["all"]
+    assert row["aligned_error_low"] > 0.0  # the bias is resolved: the check has power
+    assert _not_optimistic(row)
+    assert not _not_optimistic(row, scale=0.3)
+
+
+# ------------------------------------------------------------- acceptance="auto"
+def _logistic(n=5_000, d=4, seed=2):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-(x @ np.full(d, 0.5)))))
+    model = pm.Model()
+    with model:
+        b = pm.Normal("b", 0.0, 5.0, shape=d)
+        pm.Bernoulli("y", logit_p=pm.math.dot(x, b), observed=y)
+    return model
+
+
+def test_auto_runs_the_penalty_test_with_crank_nicolson_only():
+    with _logistic():
+        zero_config = MinibatchBarker(control_variate="taylor")
+        plain = MinibatchBarker()
+        skewed = MinibatchBarker(control_variate="taylor", skew_correction=True)
+        nuts = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    assert zero_config.acceptance == "penalty" and zero_config.sigma == 0.5
+    assert zero_config.steps_per_draw == 1
+    assert isinstance(zero_config.correction, PenaltyCorrection)
+    for step in (plain, skewed, nuts):
+        assert step.acceptance == "barker" and step.sigma == 1.0
+
+
+def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):
+    """A chain whose penalty test is over the budget at the cap runs Barker's test after
+    tuning when Barker's predicted error is smaller (here forced: the choice is the code
+    under test), with Barker's transitions per draw; the next chain starts again with the
+    penalty test; the stat says which test each draw used."""
+    from pymc_minibatch_mh.core import batch_budget
+    from pymc_minibatch_mh.core.penalty import BARKER
+
+    choose = batch_budget.ErrorBudget.choose
+
+    def over_budget(self, n_total, *, sigma=None, table_error=None, kind=None):
+        choice = choose(self, n_total, sigma=sigma, table_error=table_error, kind=kind)
+        penalty = (self.kind if kind is None else kind) != BARKER
+        return batch_budget.RowsChoice(choice.rows, 0.5 if penalty else 0.1,
+                                       choice.predicted_rows, False, choice.records,
+                                       choice.skew)
+
+    monkeypatch.setattr(batch_budget.ErrorBudget, "choose", over_budget)
+    with _logistic():
+        step = MinibatchBarker(control_variate="taylor")
+        idata = pm.sample(draws=50, tune=100, step=step, chains=2, cores=1,
+                          discard_tuned_samples=False, **sample_kwargs(random_seed=2))
+    warm = np.asarray(idata.warmup_sample_stats["penalty_test"])
+    draws = np.asarray(sample_stats(idata)["penalty_test"])
+    assert warm.all() and not draws.any()  # each chain tuned with the penalty test
+    assert step.acceptance == "barker" and step.steps_per_draw == 3
+    assert step.rows_choice.predicted_error == 0.1
