@@ -31,7 +31,10 @@ from pymc_minibatch_mh.core.penalty import (
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
-__all__ = ["PENALTY_PROPOSALS", "MinibatchBarker"]
+__all__ = ["DEFAULT_BARKER_SIGMA", "PENALTY_PROPOSALS", "MinibatchBarker"]
+
+#: σ of Barker's test unless given (its correction table's error is 5e-8 there).
+DEFAULT_BARKER_SIGMA: float = 1.0
 
 #: The proposals with which ``acceptance="auto"`` runs the penalty test (the others keep
 #: Barker's): measured in ``benchmarks/bench_past_ceiling.py``.
@@ -206,13 +209,14 @@ class MinibatchBarker(MinibatchStep):
         **kwargs: Any,
     ) -> None:
         check_acceptance(acceptance, sigma, correction, skew_correction)
-        check_barker_settings(1.0 if sigma is None or acceptance == "penalty" else sigma,
+        barker_sigma = DEFAULT_BARKER_SIGMA if sigma is None else sigma
+        check_barker_settings(DEFAULT_BARKER_SIGMA if acceptance == "penalty" else barker_sigma,
                               tolerance, early_decision)
         self._acceptance_setting = acceptance
         self._sigma_setting = sigma
-        # Barker's correction table, when Barker's test may run.
+        # Barker's correction table (its sigma is Barker's σ), when Barker's test may run.
         self._barker_correction = None if acceptance == "penalty" else barker_correction(
-            1.0 if sigma is None else sigma, correction)
+            barker_sigma, correction)
         self._correction_given = correction is not None
         self.skew_correction = bool(skew_correction)
         self._tolerance = tolerance
@@ -302,7 +306,7 @@ class MinibatchBarker(MinibatchStep):
             # accepted: h_σ(0) against Barker's 1/2.
             self.target_accept_factor = 2.0 * penalty_probability(0.0, self.sigma)
         else:
-            self.sigma = 1.0 if self._sigma_setting is None else float(self._sigma_setting)
+            self.sigma = float(self._barker_correction.sigma)
             self.correction = self._barker_correction
             self.target_accept_factor = 1.0
         if self.error_tolerance is None:
@@ -355,7 +359,7 @@ class MinibatchBarker(MinibatchStep):
             # s² < 1 rather than σ²: the one with the smaller predicted error runs (the
             # penalty_test stat says which; the records describe the rows, not the test).
             barker = budget.choose(
-                self._n_rows, sigma=1.0 if self._sigma_setting is None else self._sigma_setting,
+                self._n_rows, sigma=self._barker_correction.sigma,
                 table_error=self._barker_correction.error, kind=BARKER)
             if barker.predicted_error < choice.predicted_error:
                 self._set_acceptance("barker")
