@@ -199,6 +199,27 @@ def test_auto_runs_the_penalty_test_with_crank_nicolson_only():
         assert step.acceptance == "barker" and step.sigma == 1.0
 
 
+def _choice(rows, error, within):
+    from pymc_minibatch_mh.core.batch_budget import RowsChoice
+
+    return RowsChoice(rows, error, float(rows), within, 50, 1.0)
+
+
+def test_prefer_barker():
+    from pymc_minibatch_mh.step_methods.barker import prefer_barker
+
+    # Both within the budget: rows per ESS, with the margin (0.22 against 0.53 ESS per
+    # transition, Barker's needs 0.8 times the penalty test's rows per ESS).
+    assert not prefer_barker(_choice(2, 1e-4, True), _choice(2, 1e-4, True))
+    assert not prefer_barker(_choice(7, 1e-4, True), _choice(2.5, 1e-4, True))
+    assert prefer_barker(_choice(11, 1e-4, True), _choice(3, 1e-4, True))
+    # One within: that one; neither: the smaller predicted error.
+    assert prefer_barker(_choice(100, 2e-3, False), _choice(100, 9e-4, True))
+    assert not prefer_barker(_choice(20, 9e-4, True), _choice(100, 2e-3, False))
+    assert prefer_barker(_choice(100, 3e-3, False), _choice(100, 2e-3, False))
+    assert not prefer_barker(_choice(100, 2e-3, False), _choice(100, 3e-3, False))
+
+
 def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):
     """A chain whose penalty test is over the budget at the cap runs Barker's test after
     tuning when Barker's predicted error is smaller (here forced: the choice is the code

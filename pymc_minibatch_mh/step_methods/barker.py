@@ -31,10 +31,20 @@ from pymc_minibatch_mh.core.penalty import (
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
-__all__ = ["DEFAULT_BARKER_SIGMA", "PENALTY_PROPOSALS", "MinibatchBarker"]
+__all__ = ["BARKER_ROWS_MARGIN", "DEFAULT_BARKER_SIGMA", "ESS_PER_TRANSITION", "PENALTY_PROPOSALS", "MinibatchBarker",
+           "prefer_barker"]
 
 #: σ of Barker's test unless given (its correction table's error is 5e-8 there).
 DEFAULT_BARKER_SIGMA: float = 1.0
+
+#: Effective samples per transition with Crank–Nicolson at the end of tuning, measured on
+#: the logistic grid (``benchmarks/bench_past_ceiling.py``: 0.21–0.24 with Barker's test,
+#: 0.52–0.55 with the penalty test at σ = 0.5, one transition per draw): what
+#: :func:`prefer_barker` converts predicted rows per transition into rows per ESS with.
+ESS_PER_TRANSITION: dict[str, float] = {"barker": 0.22, "penalty": 0.53}
+#: :func:`prefer_barker` runs Barker's test when its predicted rows per ESS are below this
+#: share of the penalty test's.
+BARKER_ROWS_MARGIN: float = 0.8
 
 #: The proposals with which ``acceptance="auto"`` runs the penalty test (the others keep
 #: Barker's): measured in ``benchmarks/bench_past_ceiling.py``.
@@ -352,16 +362,12 @@ class MinibatchBarker(MinibatchStep):
                 )
             return
         choice = budget.choose(self._n_rows)
-        if (final and not choice.within_budget and self.acceptance == "penalty"
-                and self._acceptance_setting == "auto"):
-            # No m up to the cap keeps the penalty test within the budget. Barker's test
-            # is smoother (a smaller error for the same minibatch) but stops growing at
-            # s² < 1 rather than σ²: the one with the smaller predicted error runs (the
-            # penalty_test stat says which; the records describe the rows, not the test).
+        if final and self.acceptance == "penalty" and self._acceptance_setting == "auto":
+            # The records describe the rows, not the test: Barker's choice from the same.
             barker = budget.choose(
                 self._n_rows, sigma=self._barker_correction.sigma,
                 table_error=self._barker_correction.error, kind=BARKER)
-            if barker.predicted_error < choice.predicted_error:
+            if prefer_barker(choice, barker):
                 self._set_acceptance("barker")
                 if self.auto_steps_per_draw:
                     self.steps_per_draw = self._transitions_per_draw()
@@ -441,6 +447,25 @@ def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> No
         raise ValueError(
             f"early_decision must be a positive number or None, got {early_decision!r}."
         )
+
+
+def prefer_barker(penalty: RowsChoice, barker: RowsChoice) -> bool:
+    """``acceptance="auto"``: whether Barker's test should run after tuning, not the penalty test.
+
+    Within the budget both, Barker's if it needs :data:`BARKER_ROWS_MARGIN` times fewer
+    predicted rows per effective sample (the predicted rows per transition over
+    :data:`ESS_PER_TRANSITION`): at equal rows the penalty test wins per second, with one
+    transition per draw against three, and a margin keeps close calls (two chains of one
+    run) on one side; within it one only, that one; neither, the one with the smaller
+    predicted error (Barker's test is smoother, the penalty test stops growing at a
+    smaller ``s²``).
+    """
+    if penalty.within_budget and barker.within_budget:
+        return (barker.predicted_rows / ESS_PER_TRANSITION["barker"] < BARKER_ROWS_MARGIN
+                * penalty.predicted_rows / ESS_PER_TRANSITION["penalty"])
+    if penalty.within_budget != barker.within_budget:
+        return barker.within_budget
+    return barker.predicted_error < penalty.predicted_error
 
 
 def check_acceptance(acceptance: Any, sigma: Any, correction: Any, skew_correction: Any) -> None:
