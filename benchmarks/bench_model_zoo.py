@@ -456,9 +456,13 @@ class Run:
 
 
 def build_step(model: pm.Model, proposal: str = "auto") -> MinibatchBarker:
-    """The package's step; ``proposal`` may end in ``:m`` for a fixed ``batch_size=m``."""
+    """The package's step; ``proposal`` may end in ``:m`` for a fixed ``batch_size=m``
+    and in ``@test`` for ``acceptance=test`` (e.g. ``auto@barker``)."""
+    proposal, _, acceptance = proposal.partition("@")
     name, _, rows = proposal.partition(":")
     kwargs = {"batch_size": int(rows)} if rows else {}
+    if acceptance:
+        kwargs["acceptance"] = acceptance
     with model:
         return MinibatchBarker(control_variate="taylor", proposal=name, **kwargs)
 
@@ -681,7 +685,8 @@ def parse_args(argv=None):
     p.add_argument("--proposals", default="auto",
                    help="comma-separated proposal= settings of the package's step, each run "
                         "(default: auto, the zero-config step; e.g. auto,blackjax_nuts); "
-                        "name:m also fixes batch_size=m (e.g. auto,auto:100)")
+                        "name:m also fixes batch_size=m (e.g. auto,auto:100), name@test "
+                        "the acceptance function (e.g. auto,auto@barker)")
     p.add_argument("--chains", type=int, default=2, help="chains, one after another")
     p.add_argument("--seed", type=int, default=2017)
     p.add_argument("--out", type=Path, default=OUT)

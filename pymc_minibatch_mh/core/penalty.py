@@ -1,7 +1,7 @@
 r"""The penalty test: a Metropolis-type acceptance function for the minibatch test.
 
 Barker's test accepts at most half of even a perfect proposal (``g(0) = 1/2``). The
-minibatch construction of Seita et al. works for any acceptance function of the form
+minibatch construction of Seita et al. [2]_ works for any acceptance function of the form
 ``P(Δ + X > 0)`` whose noise ``X`` contains a normal part: the minibatch supplies part of
 that normal noise and the test adds the rest. Metropolis' ``min(1, e^Δ)`` is
 ``P(Δ + E > 0)`` with ``E = −log U`` standard exponential, which has no normal part; the
@@ -140,7 +140,7 @@ def penalty_derivative(delta: float, sigma: float, order: int) -> float:
     Examples
     --------
     >>> round(penalty_derivative(0.0, 1.0, 1), 4), round(penalty_derivative(0.0, 1.0, 3), 4)
-    (0.3085, -0.2192)
+    (0.3085, -0.2196)
 
     """
     c = 0.5 * sigma * sigma

@@ -87,12 +87,13 @@ class MinibatchBarker(MinibatchStep):
         acceptance (penalty: ``2Φ(−σ/2)`` for a perfect proposal). Given with
         ``acceptance="auto"``, it is the σ of whichever test runs.
     acceptance : {"auto", "barker", "penalty"}, default "auto"
-        The acceptance function. ``"auto"``: the penalty test with the Crank–Nicolson
-        proposal (:data:`PENALTY_PROPOSALS`, zero-config's for GLMs), unless
-        ``skew_correction`` or ``correction`` is given; else Barker's. With
-        ``batch_size="auto"``, a chain whose penalty test cannot meet the error budget
-        with the rows allowed runs Barker's test after tuning instead if Barker's
-        predicted error is smaller (and its ``steps_per_draw``); the ``penalty_test`` stat
+        The acceptance function. ``"auto"``: with the Crank–Nicolson proposal
+        (:data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_PROPOSALS`, zero-config's
+        for GLMs) each chain tunes with the penalty test and, with ``batch_size="auto"``,
+        chooses at the end of tuning between it and Barker's test by predicted rows per
+        effective sample (:func:`~pymc_minibatch_mh.step_methods.barker.prefer_barker`;
+        Barker's with its ``steps_per_draw``); with the other proposals, or with
+        ``skew_correction`` or ``correction``, Barker's test. The ``penalty_test`` stat
         says which test each draw used, ``step.acceptance`` which one the last chain
         ran. ``"barker"``: ``g(Δ) = 1/(1 + e^{−Δ})``, which accepts at
         most half of even a perfect proposal. ``"penalty"``: Ceperley and Dewing's penalty
