@@ -102,7 +102,9 @@ def test_the_sampled_draws_keep_their_error_within_the_default_budget():
     # Tuning: the measuring transitions use 100 rows per round, the others the m chosen
     # so far (a draw's stat is its last transition's).
     tuning_rows = set(np.asarray(warmup["rows_per_round"]).ravel().tolist())
-    assert tuning_rows >= {AUTO_START_ROWS, step.rows_choice.rows}
+    assert AUTO_START_ROWS in tuning_rows and len(tuning_rows) > 1
+    if step.acceptance == step.initial_acceptance:  # else the final m is for Barker's test
+        assert step.rows_choice.rows in tuning_rows
     rows = np.asarray(stats["rows_per_round"]).ravel()
     # Control variates make the residuals small: far fewer rows than the start's 100.
     assert step.rows_choice is not None and step.rows_choice.rows < 30
@@ -163,8 +165,8 @@ def test_bad_settings_are_refused(kwargs, match):
 
 def test_too_few_tuning_transitions_warn_and_keep_the_start():
     model = _logistic_model(n=2_000)
-    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round: only 10"):
-        step, stats = _run(model, draws=10, tune=10)  # one transition per tuning draw
+    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round: only 30"):
+        step, stats = _run(model, draws=10, tune=10)  # 3 transitions per tuning draw
     assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no tuning at all: no warning

@@ -34,9 +34,9 @@ def test_auto_and_refusals():
     assert resolve_steps_per_draw("auto", RandomWalkProposal) == 1
     assert resolve_steps_per_draw(5, RandomWalkProposal) == 5
     with normal_model():
-        # Crank–Nicolson: 3 with Barker's test, 1 with the penalty test (zero-config's).
+        # Crank–Nicolson: 3 with either test.
         assert MinibatchBarker(control_variate="taylor", acceptance="barker").steps_per_draw == 3
-        assert MinibatchBarker(control_variate="taylor").steps_per_draw == 1
+        assert MinibatchBarker(control_variate="taylor").steps_per_draw == 3
         assert MinibatchBarker(batch_size=50).steps_per_draw == 1
         assert MinibatchBarker(batch_size=50, steps_per_draw=4).steps_per_draw == 4
         for bad in (0, -1, 2.0, True, "many", None):

@@ -37,11 +37,12 @@ __all__ = ["BARKER_ROWS_MARGIN", "DEFAULT_BARKER_SIGMA", "ESS_PER_TRANSITION", "
 #: σ of Barker's test unless given (its correction table's error is 5e-8 there).
 DEFAULT_BARKER_SIGMA: float = 1.0
 
-#: Effective samples per transition with Crank–Nicolson at the end of tuning, measured on
-#: the logistic grid (``benchmarks/bench_past_ceiling.py``: 0.21–0.24 with Barker's test,
-#: 0.52–0.55 with the penalty test at σ = 0.5, one transition per draw): what
-#: :func:`prefer_barker` converts predicted rows per transition into rows per ESS with.
-ESS_PER_TRANSITION: dict[str, float] = {"barker": 0.22, "penalty": 0.53}
+#: Effective samples per transition with Crank–Nicolson and its 3 transitions per draw,
+#: measured on the logistic grid (``benchmarks/bench_past_ceiling.py``: 0.19–0.24 with
+#: Barker's test, 0.24–0.31 with the penalty test at σ = 0.5; 0.50–0.55 for the penalty
+#: test at one transition per draw): what :func:`prefer_barker` converts predicted rows
+#: per transition into rows per ESS with.
+ESS_PER_TRANSITION: dict[str, float] = {"barker": 0.22, "penalty": 0.28}
 #: :func:`prefer_barker` runs Barker's test when its predicted rows per ESS are below this
 #: share of the penalty test's.
 BARKER_ROWS_MARGIN: float = 0.8
@@ -92,7 +93,7 @@ class MinibatchBarker(MinibatchStep):
         for GLMs) each chain tunes with the penalty test and, with ``batch_size="auto"``,
         chooses at the end of tuning between it and Barker's test by predicted rows per
         effective sample (:func:`~pymc_minibatch_mh.step_methods.barker.prefer_barker`;
-        Barker's with its ``steps_per_draw``); with the other proposals, or with
+        the same ``steps_per_draw``); with the other proposals, or with
         ``skew_correction`` or ``correction``, Barker's test. The ``penalty_test`` stat
         says which test each draw used, ``step.acceptance`` which one the last chain
         ran. ``"barker"``: ``g(Δ) = 1/(1 + e^{−Δ})``, which accepts at
@@ -101,8 +102,9 @@ class MinibatchBarker(MinibatchStep):
         normal of sd σ; it accepts a perfect proposal with probability ``2Φ(−σ/2)`` (0.62
         at σ = 1), its correction ``X_corr = E − σ²/2`` is drawn exactly (no table), but
         its error per step is larger for the same minibatch (``max|h_σ‴| = 0.22`` at
-        σ = 1 against ``max|g‴| = 1/8``), so ``batch_size="auto"`` picks larger m. With it
-        ``steps_per_draw="auto"`` is 1. See :mod:`~pymc_minibatch_mh.core.penalty`. Not
+        σ = 1 against ``max|g‴| = 1/8``), so ``batch_size="auto"`` picks larger m. With
+        ``steps_per_draw=1`` it turns about half of its transitions into effective samples
+        (Barker's: a fifth). See :mod:`~pymc_minibatch_mh.core.penalty`. Not
         with ``skew_correction`` or ``correction``.
     temperature : float or TemperatureSchedule, default 1.0
         K: the likelihood is raised to ``1/K`` (the prior is not). Since ``s²`` scales as
@@ -329,15 +331,9 @@ class MinibatchBarker(MinibatchStep):
             self._budget.sigma, self._budget.table_error = self.sigma, self.correction.error
             self._budget.kind = acceptance_kind(self.correction)
 
-    def _transitions_per_draw(self) -> int:
-        # Past Barker's ceiling one transition per draw suffices (bench_past_ceiling.py).
-        return 1 if self.acceptance == "penalty" else super()._transitions_per_draw()
-
     def _start_chain_on_data(self, rng: Any) -> None:
         if self.acceptance != self.initial_acceptance:  # the last chain left the penalty test
             self._set_acceptance(self.initial_acceptance)
-            if self.auto_steps_per_draw:
-                self.steps_per_draw = self._transitions_per_draw()
         if self.auto_rows:  # each chain measures afresh, on the data it starts with
             self.batch_size = self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
             self._budget.reset()
@@ -370,8 +366,6 @@ class MinibatchBarker(MinibatchStep):
                 table_error=self._barker_correction.error, kind=BARKER)
             if prefer_barker(choice, barker):
                 self._set_acceptance("barker")
-                if self.auto_steps_per_draw:
-                    self.steps_per_draw = self._transitions_per_draw()
                 choice = barker
         self.rows_choice = choice
         if choice.rows != self.batch_size:
@@ -455,11 +449,10 @@ def prefer_barker(penalty: RowsChoice, barker: RowsChoice) -> bool:
 
     Within the budget both, Barker's if it needs :data:`BARKER_ROWS_MARGIN` times fewer
     predicted rows per effective sample (the predicted rows per transition over
-    :data:`ESS_PER_TRANSITION`): at equal rows the penalty test wins per second, with one
-    transition per draw against three, and a margin keeps close calls (two chains of one
-    run) on one side; within it one only, that one; neither, the one with the smaller
-    predicted error (Barker's test is smoother, the penalty test stops growing at a
-    smaller ``s²``).
+    :data:`ESS_PER_TRANSITION`): the margin keeps close calls (two chains of one run) on
+    the side of the penalty test, which gives more effective samples per draw; within it
+    one only, that one; neither, the one with the smaller predicted error (Barker's test
+    is smoother, the penalty test stops growing at a smaller ``s²``).
     """
     if penalty.within_budget and barker.within_budget:
         return (barker.predicted_rows / ESS_PER_TRANSITION["barker"] < BARKER_ROWS_MARGIN

@@ -656,10 +656,6 @@ class MinibatchStep(MinibatchStepBase):
             )
         self._proposal_chosen(self.proposal)
         self.steps_per_draw = resolve_steps_per_draw(settings["steps_per_draw"], self.proposal)
-        #: Whether ``steps_per_draw`` was ``"auto"`` (:meth:`_transitions_per_draw`).
-        self.auto_steps_per_draw = settings["steps_per_draw"] == "auto"
-        if self.auto_steps_per_draw:
-            self.steps_per_draw = self._transitions_per_draw()
         target_accept = settings["target_accept"]
         if target_accept is None:
             target_accept = self.target_accept_factor * (
@@ -676,13 +672,6 @@ class MinibatchStep(MinibatchStepBase):
         A step whose test depends on the proposal chooses it here
         (``MinibatchBarker(acceptance="auto")``).
         """
-
-    def _transitions_per_draw(self) -> int:
-        """``steps_per_draw="auto"``: by default what the proposal declares.
-
-        (:attr:`~pymc_minibatch_mh.proposals.base.Proposal.transitions_per_draw`.)
-        """
-        return int(self.proposal.transitions_per_draw)
 
     def _make_proposal(self, proposal: Any, S: Any) -> Proposal:
         """The proposal for the ``proposal`` and ``S`` settings, on the current set-up."""
