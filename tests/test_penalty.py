@@ -222,10 +222,11 @@ def test_prefer_barker():
 
 
 def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):
-    """A chain whose penalty test is over the budget at the cap runs Barker's test after
-    tuning when Barker's predicted error is smaller (here forced: the choice is the code
-    under test); the next chain starts again with the penalty test; the stat says which
-    test each draw used."""
+    """A chain whose penalty test is over the budget runs Barker's test from its first
+    choice of m on (after 50 tuning transitions) when Barker's predicted error is smaller
+    (here forced: the choice is the code under test), with Barker's default tuning target;
+    the next chain starts again with the penalty test; the stat says which test each draw
+    used."""
     from pymc_minibatch_mh.core import batch_budget
     from pymc_minibatch_mh.core.penalty import BARKER
 
@@ -241,11 +242,15 @@ def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch)
     monkeypatch.setattr(batch_budget.ErrorBudget, "choose", over_budget)
     with _logistic():
         step = MinibatchBarker(control_variate="taylor")
+        assert step.tuner.target == pytest.approx(0.4 * penalty_probability(0.0, 0.5) / 0.5)
         idata = pm.sample(draws=50, tune=100, step=step, chains=2, cores=1,
                           discard_tuned_samples=False, **sample_kwargs(random_seed=2))
     warm = np.asarray(idata.warmup_sample_stats["penalty_test"])
     draws = np.asarray(sample_stats(idata)["penalty_test"])
-    assert warm.all() and not draws.any()  # each chain tuned with the penalty test
+    # Each chain starts with the penalty test (3 transitions per draw: the first 16 draws
+    # are before the 50th transition) and leaves it at its first choice.
+    assert warm[:, :16].all() and not warm[:, 17:].any() and not draws.any()
     assert step.acceptance == "barker" and step.steps_per_draw == 3
     assert isinstance(step.correction, CorrectionDistribution)
     assert step.rows_choice.predicted_error == 0.1
+    assert step.tuner.target == pytest.approx(0.4)

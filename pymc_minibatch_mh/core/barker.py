@@ -100,7 +100,8 @@ class BarkerOutcome(TestOutcome):
         (:func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate`; 0 at full
         data, NaN when a non-finite ratio stopped the test).
     kurtosis : float
-        The penalty test's excess kurtosis of the minibatch's values (0 for Barker's test).
+        The excess kurtosis of the minibatch's values at a stop with ``s² < σ²`` (the
+        penalty test's error estimate uses it; the error budget records it); else 0.
 
     """
 
@@ -220,7 +221,7 @@ def barker_rounds(
         ``error`` the step's
         :func:`~pymc_minibatch_mh.core.acceptance_error.barker_error_estimate` (0 at full
         data, NaN on a stop); ``kurtosis`` the minibatch's excess kurtosis at a stop with
-        ``s² < σ²`` for the penalty test (its error estimate uses it), else 0.
+        ``s² < σ²`` (the penalty test's error estimate uses it), else 0.
 
     """
     pos = 0
@@ -255,7 +256,7 @@ def barker_rounds(
                 kappa, fallback = 0.0, False
                 if skew:
                     kappa, fallback = skew_topup_cumulant(n, n_total, m3, sigma2 - variance)
-                kurtosis = excess_kurtosis(buf[:n], mean) if kind != BARKER else 0.0
+                kurtosis = excess_kurtosis(buf[:n], mean)
                 error = _error(delta_star, variance, edgeworth, n, n_total, table_error,
                                sigma2, False, skew_floor, kind, kurtosis)
                 return (DONE, pos, n, mean, m2, rounds, delta_star, variance, epsilon,

@@ -24,6 +24,7 @@ from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistributio
 from pymc_minibatch_mh.core.penalty import (
     BARKER,
     DEFAULT_PENALTY_SIGMA,
+    PENALTY,
     PenaltyCorrection,
     acceptance_kind,
     penalty_probability,
@@ -90,10 +91,12 @@ class MinibatchBarker(MinibatchStep):
     acceptance : {"auto", "barker", "penalty"}, default "auto"
         The acceptance function. ``"auto"``: with the Crank–Nicolson proposal
         (:data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_PROPOSALS`, zero-config's
-        for GLMs) each chain tunes with the penalty test and, with ``batch_size="auto"``,
-        chooses at the end of tuning between it and Barker's test by predicted rows per
-        effective sample (:func:`~pymc_minibatch_mh.step_methods.barker.prefer_barker`;
-        the same ``steps_per_draw``); with the other proposals, or with
+        for GLMs) each chain starts with the penalty test and, with ``batch_size="auto"``,
+        chooses between it and Barker's test by predicted rows per effective sample
+        whenever it chooses m (the first time after 50 tuning transitions, then every 100
+        and at the end of tuning; :func:`~pymc_minibatch_mh.step_methods.barker.prefer_barker`;
+        the same ``steps_per_draw``, and the default ``target_accept`` follows the test);
+        with the other proposals, or with
         ``skew_correction`` or ``correction``, Barker's test. The ``penalty_test`` stat
         says which test each draw used, ``step.acceptance`` which one the last chain
         ran. ``"barker"``: ``g(Δ) = 1/(1 + e^{−Δ})``, which accepts at
@@ -322,6 +325,8 @@ class MinibatchBarker(MinibatchStep):
             self.sigma = float(self._barker_correction.sigma)
             self.correction = self._barker_correction
             self.target_accept_factor = 1.0
+        if getattr(self, "tuner", None) is not None and self.default_target:
+            self.tuner.target = self.default_target_accept()  # a switch during tuning
         if self.error_tolerance is None:
             return
         if self._budget is None:
@@ -358,15 +363,24 @@ class MinibatchBarker(MinibatchStep):
                     "batch_size as an int.", RuntimeWarning, stacklevel=3,
                 )
             return
-        choice = budget.choose(self._n_rows)
-        if final and self.acceptance == "penalty" and self._acceptance_setting == "auto":
-            # The records describe the rows, not the test: Barker's choice from the same.
-            barker = budget.choose(
-                self._n_rows, sigma=self._barker_correction.sigma,
-                table_error=self._barker_correction.error, kind=BARKER)
-            if prefer_barker(choice, barker):
-                self._set_acceptance("barker")
-                choice = barker
+        if self._acceptance_setting == "auto" and self.initial_acceptance == "penalty":
+            # At every choice (the first after MEASURE_FIRST transitions, so that the rest
+            # of tuning runs the test chosen): both tests' choices from the same records,
+            # which describe the rows, not the test.
+            kinds = {"penalty": (DEFAULT_PENALTY_SIGMA if self._sigma_setting is None
+                                 else self._sigma_setting, 0.0, PENALTY),
+                     "barker": (self._barker_correction.sigma, self._barker_correction.error,
+                                BARKER)}
+            options = {name: budget.choose(self._n_rows, sigma=sigma, table_error=error,
+                                           kind=kind)
+                       for name, (sigma, error, kind) in kinds.items()}
+            acceptance = "barker" if prefer_barker(options["penalty"], options["barker"]) \
+                else "penalty"
+            if acceptance != self.acceptance:
+                self._set_acceptance(acceptance)
+            choice = options[acceptance]
+        else:
+            choice = budget.choose(self._n_rows)
         self.rows_choice = choice
         if choice.rows != self.batch_size:
             self.policy.reset(choice.rows)  # the prefetch's history was for the old m

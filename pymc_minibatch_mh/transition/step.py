@@ -656,15 +656,24 @@ class MinibatchStep(MinibatchStepBase):
             )
         self._proposal_chosen(self.proposal)
         self.steps_per_draw = resolve_steps_per_draw(settings["steps_per_draw"], self.proposal)
-        target_accept = settings["target_accept"]
-        if target_accept is None:
-            target_accept = self.target_accept_factor * (
-                SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT)
+        #: Whether ``target_accept`` is the default (:meth:`default_target_accept`).
+        self.default_target = settings["target_accept"] is None
+        target_accept = (self.default_target_accept() if self.default_target
+                         else settings["target_accept"])
         self.tuner = ScalingTuner(scaling, target=target_accept,
                                   maximum=self.proposal.max_scale)
         self.scaling = self.tuner.scaling
         #: The proposal's state at the current point (None: to be built).
         self._proposal_state: ProposalState | None = None
+
+    def default_target_accept(self) -> float:
+        """The default ``target_accept``.
+
+        0.4 with a surrogate proposal, else 0.25, times ``target_accept_factor``.
+        """
+        surrogate = self.proposal.surrogate is not None
+        return self.target_accept_factor * (
+            SURROGATE_TARGET_ACCEPT if surrogate else RANDOM_WALK_TARGET_ACCEPT)
 
     def _proposal_chosen(self, proposal: Proposal) -> None:
         """Hook: the proposal is known, the tuner and ``steps_per_draw`` not yet.
