@@ -32,8 +32,14 @@ from pymc_minibatch_mh.core.penalty import (
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
-__all__ = ["BARKER_ROWS_MARGIN", "DEFAULT_BARKER_SIGMA", "ESS_PER_TRANSITION", "PENALTY_PROPOSALS", "MinibatchBarker",
-           "prefer_barker"]
+__all__ = [
+    "BARKER_ROWS_MARGIN",
+    "DEFAULT_BARKER_SIGMA",
+    "ESS_PER_TRANSITION",
+    "PENALTY_PROPOSALS",
+    "MinibatchBarker",
+    "prefer_barker",
+]
 
 #: σ of Barker's test unless given (its correction table's error is 5e-8 there).
 DEFAULT_BARKER_SIGMA: float = 1.0
