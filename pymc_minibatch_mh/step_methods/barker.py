@@ -22,12 +22,9 @@ from pymc_minibatch_mh.core.batch_budget import (
 )
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 from pymc_minibatch_mh.core.penalty import (
-    BARKER,
     DEFAULT_PENALTY_SIGMA,
-    PENALTY,
     PenaltyCorrection,
     acceptance_kind,
-    penalty_probability,
 )
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.transition.step import MinibatchStep
@@ -235,10 +232,11 @@ class MinibatchBarker(MinibatchStep):
         check_barker_settings(DEFAULT_BARKER_SIGMA if acceptance == "penalty" else barker_sigma,
                               tolerance, early_decision)
         self._acceptance_setting = acceptance
-        self._sigma_setting = sigma
-        # Barker's correction table (its sigma is Barker's σ), when Barker's test may run.
+        # Each test's correction (its sigma is the test's σ), when the test may run.
         self._barker_correction = None if acceptance == "penalty" else barker_correction(
             barker_sigma, correction)
+        self._penalty_correction = None if acceptance == "barker" else PenaltyCorrection(
+            float(DEFAULT_PENALTY_SIGMA if sigma is None else sigma))
         self._correction_given = correction is not None
         self.skew_correction = bool(skew_correction)
         self._tolerance = tolerance
@@ -321,16 +319,14 @@ class MinibatchBarker(MinibatchStep):
         #: ``penalty_test`` stat says which one each draw used).
         self.acceptance = acceptance
         if acceptance == "penalty":
-            self.sigma = (DEFAULT_PENALTY_SIGMA if self._sigma_setting is None
-                          else float(self._sigma_setting))
-            self.correction = PenaltyCorrection(self.sigma)
+            self.correction = self._penalty_correction
             # The tuner's default target, scaled by the most a perfect proposal is
             # accepted: h_σ(0) against Barker's 1/2.
-            self.target_accept_factor = 2.0 * penalty_probability(0.0, self.sigma)
+            self.target_accept_factor = 2.0 * self.correction.probability(0.0)
         else:
-            self.sigma = float(self._barker_correction.sigma)
             self.correction = self._barker_correction
             self.target_accept_factor = 1.0
+        self.sigma = float(self.correction.sigma)
         if getattr(self, "tuner", None) is not None and self.default_target:
             self.tuner.target = self.default_target_accept()  # a switch during tuning
         if self.error_tolerance is None:
@@ -373,13 +369,11 @@ class MinibatchBarker(MinibatchStep):
             # At every choice (the first after MEASURE_FIRST transitions, so that the rest
             # of tuning runs the test chosen): both tests' choices from the same records,
             # which describe the rows, not the test.
-            kinds = {"penalty": (DEFAULT_PENALTY_SIGMA if self._sigma_setting is None
-                                 else self._sigma_setting, 0.0, PENALTY),
-                     "barker": (self._barker_correction.sigma, self._barker_correction.error,
-                                BARKER)}
-            options = {name: budget.choose(self._n_rows, sigma=sigma, table_error=error,
-                                           kind=kind)
-                       for name, (sigma, error, kind) in kinds.items()}
+            corrections = {"penalty": self._penalty_correction,
+                           "barker": self._barker_correction}
+            options = {name: budget.choose(self._n_rows, sigma=c.sigma, table_error=c.error,
+                                           kind=acceptance_kind(c))
+                       for name, c in corrections.items()}
             acceptance = "barker" if prefer_barker(options["penalty"], options["barker"]) \
                 else "penalty"
             if acceptance != self.acceptance:
@@ -465,7 +459,7 @@ def check_barker_settings(sigma: Any, tolerance: Any, early_decision: Any) -> No
 
 
 def prefer_barker(penalty: RowsChoice, barker: RowsChoice) -> bool:
-    """``acceptance="auto"``: whether Barker's test should run after tuning, not the penalty test.
+    """``acceptance="auto"``: whether Barker's test should run from this choice of m on.
 
     Within the budget both, Barker's if it needs :data:`BARKER_ROWS_MARGIN` times fewer
     predicted rows per effective sample (the predicted rows per transition over
