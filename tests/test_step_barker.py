@@ -251,6 +251,9 @@ def test_error_not_split_by_rows():
         (dict(temperature=0.0), "temperature"),
         (dict(temperature=-1.0), "temperature"),
         (dict(tolerance=1.5), "tolerance"),
+        (dict(acceptance="metropolis"), "acceptance must be"),
+        (dict(acceptance="penalty", sigma=-1.0), "sigma must be a positive"),
+        (dict(acceptance="penalty", skew_correction=True), "skew_correction"),
     ],
 )
 def test_error_bad_parameters(kwargs, match):
