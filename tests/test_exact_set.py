@@ -77,6 +77,40 @@ def test_the_small_levels_form_the_exact_set(crossed):
     assert cv.exact_rows == expected.size == sum(range(1, 25))
 
 
+def test_a_level_is_chosen_by_its_information_not_its_rows():
+    """Two levels of 80 rows, above EXACT_LEVEL_ROWS: the one with 2 positive outcomes has
+    the information of about 10 average rows and is summed exactly; the one with balanced
+    outcomes is not. A rule by row counts leaves both out."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    tail = np.repeat(np.arange(12, 22), np.arange(1, 11))  # levels of 1-10 rows
+    sparse, balanced = np.full(80, 10), np.full(80, 11)
+    g = rng.permutation(np.concatenate(
+        [rng.integers(10, size=n - tail.size - 160), sparse, balanced, tail]))
+    x = rng.normal(size=n)
+    y = (rng.random(n) < expit(-0.3 + 0.5 * x)).astype(np.int64)
+    y[g == 10] = 0
+    y[np.flatnonzero(g == 10)[:2]] = 1
+    y[g == 11] = np.arange(80) % 2
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 2.5)
+        s = pm.HalfNormal("s", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, shape=22)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=mu + s * z[g] + b * x, observed=y)
+        cv = MinibatchBarker(control_variate="taylor").control_variate
+    exact = np.zeros(n, dtype=bool)
+    exact[cv.exact_positions] = True
+    assert exact[g == 10].all() and not exact[g == 11].any()
+    assert exact[g >= 12].all() and not exact[g < 10].any()
+    # The sparse level's information, in average rows, is below the threshold.
+    slices = [sl for t, sl in zip(cv.analysis.terms, cv.analysis.slices, strict=True)
+              if t.kind == "index"]
+    weights = predictor_taylor.average_rows(-np.diag(cv.reference.coef_hessian)[slices[0]],
+                                            np.bincount(g), n)
+    assert weights[10] < 0.5 * EXACT_LEVEL_ROWS < EXACT_LEVEL_ROWS < weights[11]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_data_free_part_plus_all_values_is_the_exact_ratio(crossed, seed):
     _, g2, step = crossed
@@ -122,7 +156,9 @@ def test_the_surrogate_includes_the_exact_set(crossed):
 
 
 def test_without_small_levels_there_is_no_exact_set(monkeypatch):
-    monkeypatch.setattr(predictor_taylor, "EXACT_LEVEL_ROWS", 1)
+    # A level has some information (the logistic log-likelihood is strictly concave), so
+    # none has less than 0 average rows.
+    monkeypatch.setattr(predictor_taylor, "EXACT_LEVEL_ROWS", 0)
     model, _ = crossed_model()
     with model:
         step = MinibatchBarker(control_variate="taylor")
