@@ -27,6 +27,7 @@ from pymc_minibatch_mh.core.batch_budget import (
     predicted_error,
 )
 from pymc_minibatch_mh.model.compat import group, sample_stats
+from pymc_minibatch_mh.step_methods import barker
 
 
 def _records(count=400, seed=0, spread=1e-6, skew=2.0):
@@ -172,6 +173,28 @@ def test_too_few_tuning_transitions_warn_and_keep_the_start():
         warnings.simplefilter("error", RuntimeWarning)  # no tuning at all: no warning
         step, stats = _run(model, draws=10, tune=0)
     assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
+
+
+def test_a_default_budget_that_100_rows_miss_warns_with_the_rows_it_would_take(monkeypatch):
+    # The default budget at 2e-6: the tight budget above, where m must exceed 100.
+    monkeypatch.setattr(barker, "DEFAULT_ERROR_TOLERANCE", 2e-6)
+    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round, the most") as caught:
+        step, stats = _run(_logistic_model(), chains=2)
+    assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
+    assert not step.rows_choice.within_budget
+    assert step.rows_choice.predicted_error > 2e-6
+    messages = [str(w.message) for w in caught if "the most" in str(w.message)]
+    assert len(messages) == 1  # once per step, not per chain
+    needed = int(messages[0].split("about ")[1].split(" rows")[0])
+    assert needed > AUTO_START_ROWS
+
+
+def test_a_default_budget_that_is_met_does_not_warn():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step, _ = _run(_logistic_model())
+    assert step.rows_choice.within_budget
+    assert not [w for w in caught if "the most the default" in str(w.message)]
 
 
 # ------------------------------------------------------------------ the law, audited

@@ -296,13 +296,14 @@ class ErrorBudget:
                               kurtosis if math.isfinite(kurtosis) else 0.0))
 
     def choose(self, n_total: int, *, sigma: float | None = None,
-               table_error: float | None = None, kind: int | None = None) -> RowsChoice:
+               table_error: float | None = None, kind: int | None = None,
+               cap: int | None = None) -> RowsChoice:
         """The rows per round for the budget, from the second half of the records.
 
         The first half is left out (the proposal's scale is still being tuned there), but
         at least the last :data:`MIN_RECORDS` records are used. The records describe the
         rows, not the test: ``sigma``, ``table_error`` and ``kind`` choose for another
-        test than the budget's own.
+        test than the budget's own; ``cap`` for another largest m.
         """
         count = len(self._records)
         first = max(0, min(count // 2, count - MIN_RECORDS))
@@ -310,5 +311,5 @@ class ErrorBudget:
         return choose_rows(
             n_total, kept[:, 0], kept[:, 1], kept[:, 2], self.tolerance,
             self.table_error if table_error is None else table_error,
-            self.sigma if sigma is None else sigma, self.cap,
+            self.sigma if sigma is None else sigma, self.cap if cap is None else cap,
             self.kind if kind is None else kind, float(np.mean(kept[:, 3])))

@@ -78,8 +78,10 @@ class MinibatchBarker(MinibatchStep):
         tuning the sampled draws, use the smallest m whose predicted per-step error of the
         acceptance probability, from those measurements, is within ``error_tolerance``
         (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is at
-        most 100, so the step never reads more rows than a fixed 100 would; with control
-        variates at large N it falls to a few rows. Without tuning steps m stays 100.
+        most 100, so the step never reads more rows than a fixed 100 would (where 100 rows
+        do not meet it, a warning at the end of tuning gives the predicted error and the m
+        an explicit budget would take); with control variates at large N it falls to a
+        few rows. Without tuning steps m stays 100.
         The ``rows_per_round`` stat says which m each draw used.
     error_tolerance : float, optional
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
@@ -260,6 +262,7 @@ class MinibatchBarker(MinibatchStep):
             self._set_acceptance(acceptance)
         #: Each chain's choice of m at the end of its tuning (the last chain's; None before).
         self.rows_choice: RowsChoice | None = None
+        self._over_budget_warned = False
         self._skew_floor = 0.0
         self._measure_rows = AUTO_START_ROWS
         self._rows_used = AUTO_START_ROWS
@@ -382,11 +385,35 @@ class MinibatchBarker(MinibatchStep):
         else:
             choice = budget.choose(self._n_rows)
         self.rows_choice = choice
+        if final and not choice.within_budget:
+            self._warn_over_budget(choice)
         if choice.rows != self.batch_size:
             self.policy.reset(choice.rows)  # the prefetch's history was for the old m
         self.batch_size = choice.rows
         self._skew_floor = choice.skew
         self._update_kernel_settings()
+
+    def _warn_over_budget(self, choice: RowsChoice) -> None:
+        """Say once that the default budget's cap leaves the predicted error above it.
+
+        Only the default budget has a cap below N (:data:`AUTO_START_ROWS`); the warning
+        names the rows per round that an explicit ``error_tolerance`` would take, predicted
+        from the same records.
+        """
+        if self._over_budget_warned or self._rows_cap >= self._n_rows:
+            return
+        self._over_budget_warned = True
+        needed = self._budget.choose(self._n_rows, cap=self._n_rows)
+        warnings.warn(
+            f"{type(self).__name__}: batch_size='auto' keeps {choice.rows} rows per round, "
+            "the most the default error budget takes, but the predicted per-step error of "
+            f"the acceptance probability there is {choice.predicted_error:.2g}, above "
+            f"error_tolerance={self.error_tolerance:g} (the error_estimate stat has each "
+            f"draw's). Given explicitly, error_tolerance={self.error_tolerance:g} lets m "
+            f"grow: about {needed.rows} rows per round, predicted from the same "
+            "measurements. Or compare the posterior with a run at a larger batch_size.",
+            RuntimeWarning, stacklevel=3,
+        )
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> BarkerOutcome:
         if not (self.auto_rows and self._tuning):
