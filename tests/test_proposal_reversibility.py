@@ -23,7 +23,8 @@ from broken_proposals import AlteredRatio
 from scipy import stats
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.model.compat import posterior
+from pymc_minibatch_mh.model.compat import default_mode, posterior
+from pymc_minibatch_mh.model.internals import uses_numba
 from pymc_minibatch_mh.proposals import nuts as nuts_module
 
 Y = np.array([0, 0, 0, 1])
@@ -100,3 +101,13 @@ def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how, monkeypatch
         assert np.max(np.abs(moment_z(samples, mean_tilde, var_tilde))) > Z_MAX
     else:
         assert np.max(np.abs(z)) > Z_MAX, z
+
+
+def test_surrogate_nuts_compiles_on_the_per_step_functions_backend():
+    """PyMC would compile π̃'s density and gradient with its own default (the C backend on
+    PyMC 5); the surrogate's NUTS uses the package's mode for per-step functions."""
+    with poisson_model():
+        step = MinibatchBarker(batch_size=Y.size, control_variate="taylor",
+                               proposal="surrogate_nuts")
+    fn = step.proposal.nuts._logp_dlogp_func._pytensor_function
+    assert uses_numba(fn.maker.mode) and uses_numba(default_mode())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytensor
@@ -37,6 +38,7 @@ __all__ = [
     "MINIBATCH_OPS",
     "C_MODE",
     "OBJECT_MODE_WARNING",
+    "build_without_object_mode",
     "compile_function",
     "uses_numba",
     "DirectCall",
@@ -74,11 +76,24 @@ def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, l
     default linker of PyTensor 3). Returns the function and the names of those ops (empty when the
     requested backend was kept).
     """
+    return build_without_object_mode(
+        lambda m: pytensor.function(inputs, outputs, mode=m, on_unused_input="ignore"), mode)
+
+
+def build_without_object_mode(build: Callable[[Any], Any], mode: Any) -> tuple[Any, list[str]]:
+    """``build(mode)``, or ``build(C_MODE)`` if Numba's object mode would run some op.
+
+    ``build`` compiles PyTensor functions: :func:`compile_function` builds one function
+    with it; the surrogate's NUTS, which PyMC compiles, is its other use.
+
+    Returns what ``build`` returned and the names of the ops that had no Numba
+    implementation (empty when ``mode`` was kept).
+    """
     if not uses_numba(mode):
-        return pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore"), []
+        return build(mode), []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn = pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+        built = build(mode)
     ops, others = [], []
     for w in caught:
         match = OBJECT_MODE_WARNING.search(str(w.message))
@@ -89,11 +104,11 @@ def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, l
     for w in others:  # the other warnings are the user's to see
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not ops:
-        return fn, []
+        return built, []
     ops = sorted(set(ops))
     _log.info("No Numba implementation of %s: a per-step function runs on PyTensor's C "
               "backend instead of Numba's object mode.", ", ".join(ops))
-    return pytensor.function(inputs, outputs, mode=C_MODE, on_unused_input="ignore"), ops
+    return build(C_MODE), ops
 
 
 def uses_numba(mode: Any) -> bool:
