@@ -53,8 +53,8 @@ residuals' variance (measured on crossed random intercepts with N = 3·10⁴: th
 of levels with fewer than 5 rows carried 97 % of it, the rows of levels with fewer than
 50 rows all but 0.1 %), and a uniform minibatch rarely sees them. What pins a level's
 effect down is its information, not its row count: a level of 74 rows with 4 positive
-outcomes of a logistic model has the information of 15 average rows, and its effect
-moves as if it had 15 (measured on the model above: left out of the exact set, that
+outcomes of a logistic model has the information of 10 average rows, and its effect
+moves as if it had 10 (measured on the model above: left out of the exact set, that
 level's mean was off by 16 Monte Carlo standard errors). A level's information is read
 from the set-up's ``B`` at θ̂ (its diagonal entry ``−B_kk``, the curvature of the
 log-likelihood along the level's coefficient), and counted in *average rows*, the term's
@@ -213,7 +213,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         c = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat})
         graph = expansion_difference(self._coef_gradient, self._coef_hessian, self._coef_hat,
                                      self._coef_hat, c, dot=pt.dot)
-        if self._exact_graph is not None:
+        if self.exact_rows:  # the step builds this graph again after a new set-up
             graph = graph + self._exact_proxy_graph(flat)
         return graph
 
@@ -316,11 +316,10 @@ class PredictorTaylorEstimator(TaylorEstimator):
             self._exact_data = [pytensor.shared(np.asarray(r, dtype=d.dtype)) for d, r in
                                 zip(graphs.data, self._rows_at(self.exact_positions),
                                     strict=True)]
-            # The exact set's residuals, summed at every step on its rows.
+            # The exact set's residuals, summed at every step on its rows (compiled when
+            # a set-up first chooses a set that is not empty).
             exact_sum = clone_replace(pt.sum(residuals),
                                       dict(zip(graphs.data, self._exact_data, strict=True)))
-            self._exact_fn = direct_call(self.likelihood.compile([x_cur, x_prop, inv_t],
-                                                                 exact_sum))
             self._exact_graph = (exact_sum, x_cur, x_prop, inv_t)
             in_set = None
             for t, flags in zip(index_terms, self._exact_flags, strict=True):
@@ -394,6 +393,10 @@ class PredictorTaylorEstimator(TaylorEstimator):
         for shared, rows in zip(self._exact_data, self._rows_at(self.exact_positions),
                                 strict=True):
             shared.set_value(np.asarray(rows, dtype=shared.dtype))
+        if self.exact_rows and self._exact_fn is None:
+            exact_sum, x_cur, x_prop, inv_t = self._exact_graph
+            self._exact_fn = direct_call(self.likelihood.compile([x_cur, x_prop, inv_t],
+                                                                 exact_sum))
         if self.exact_rows:
             _log.info("%s: the %d rows of %d levels with less information than %d average "
                       "rows are summed exactly at every step", self.step_name,
