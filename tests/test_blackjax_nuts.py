@@ -84,9 +84,15 @@ def test_the_ratio_is_the_surrogate_density_difference(step):
     proposal = step.proposal
     post = step.surrogate_posterior()
     proposal.start_chain(np.random.default_rng(5))
+    proposal.density_evaluations = 0
     state = proposal.init(post.laplace.theta_hat)
+    # π̃ at θ̂ (the offset), at the adaptation's start and its leapfrog steps (at least one
+    # per iteration), and at the initial state: the step counts their rows.
+    assert proposal.density_evaluations >= proposal.warmup + 3
     for _ in range(5):
+        before = proposal.density_evaluations
         new, info = proposal.propose(np.random.default_rng(0), state, 1.0)
+        assert proposal.density_evaluations - before == proposal.n_steps >= 1
         np.testing.assert_allclose(
             info.log_q_ratio, post.log_density(state.x) - post.log_density(new.x),
             rtol=1e-8, atol=1e-8)

@@ -169,3 +169,26 @@ def test_without_small_levels_there_is_no_exact_set(monkeypatch):
     data_free = cv.open(x, x_prop, np.array(1.0), 0.0, 50)
     assert data_free + cv.full_pass().sum() == pytest.approx(_exact_delta(step, x, x_prop),
                                                              abs=1e-8)
+
+
+def test_extra_evaluations_count_the_surrogates_reads_of_the_exact_set(crossed):
+    # The surrogate posterior contains the exact set's log-likelihood, so each of its
+    # evaluations (NUTS's start and leapfrog steps, the proposal's own log density) reads
+    # those rows, and the test reads them once more: extra_evaluations counts them all.
+    model, _, step = crossed
+    assert step.proposal.name == "surrogate_nuts" and step.control_variate.exact_rows > 0
+    calls = []
+    integrator = step.proposal.nuts.integrator
+    leapfrog, density = integrator._logp_dlogp_func, step.proposal._log_density
+    integrator._logp_dlogp_func = lambda *a: calls.append(1) or leapfrog(*a)
+    step.proposal._log_density = lambda x: calls.append(1) or density(x)
+    try:
+        with model:
+            idata = pm.sample(step=step, tune=0, draws=5, chains=1, cores=1, random_seed=2,
+                              progressbar=False, compute_convergence_checks=False)
+    finally:
+        integrator._logp_dlogp_func, step.proposal._log_density = leapfrog, density
+    transitions = 5 * step.steps_per_draw
+    extra = int(idata.sample_stats["extra_evaluations"].sum())
+    assert len(calls) > transitions
+    assert extra == step.control_variate.exact_rows * (transitions + len(calls))

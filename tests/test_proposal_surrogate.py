@@ -351,7 +351,7 @@ def test_hmc_matches_explicit_hamiltonian(n_steps):
         )
         np.testing.assert_allclose(x_back, x, atol=1e-9)
         assert log_q_back == pytest.approx(-log_q, abs=1e-9)
-        assert prop.n_grad_evals == n_steps + 1
+        assert prop.density_evaluations == n_steps + 1
         assert info.step_size == eps
 
 
@@ -400,7 +400,7 @@ def test_carried_state_gives_the_same_chain_as_fresh_states(kind):
             state = carried.init(mutated)
     if kind != "cn":
         # n_steps gradients per proposal, plus one per state built (the first and 10).
-        assert carried.n_grad_evals == 30 * (2 if kind == "hmc" else 1) + 11
+        assert carried.density_evaluations == 30 * (2 if kind == "hmc" else 1) + 11
 
 
 def test_proposal_state_is_immutable():

@@ -63,10 +63,15 @@ total information over N. The rows of every level with less information than
 information first, at most :data:`EXACT_ROWS_MAX_SHARE` of N, form the *exact set* E (a
 term without positive total information counts rows instead; the set is chosen at each
 set-up, after θ̂): the data-free part adds
-their residuals' sum at every step (:attr:`PredictorTaylorEstimator.exact_rows` rows,
-reported in the ``extra_evaluations`` stat), and the per-row values are the residuals
-times ``1[i ∉ E]``, so that the minibatch estimates the sum over the other rows only. The
-estimator stays unbiased (a stratified sum), and a full pass gives the exact Δ.
+their residuals' sum at every step (:attr:`PredictorTaylorEstimator.exact_rows` rows),
+and the surrogate posterior contains their log-likelihood, so a proposal on it reads them
+at each of its evaluations (a NUTS transition: its start, each leapfrog step and the
+end's density); the ``extra_evaluations`` stat counts every such read. The per-row
+values are the residuals times ``1[i ∉ E]``, so that the minibatch estimates the sum over
+the other rows only. The estimator stays unbiased (a stratified sum), and a full pass
+gives the exact Δ. (Measured on the zoo's crossed model at N = 3·10⁴: without the exact
+set in the surrogate, the test rejected every NUTS move; with it, about 13 evaluations per
+transition read the set's 1,210 rows.)
 
 The full-data passes and
 :class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorReference` are in

@@ -105,14 +105,17 @@ class _Compiled:
 
         kernel = blackjax.nuts.build_kernel()
 
-        def adapt(seed: Any, x0: Any, cov: Any, offset: Any, *values: Any) -> tuple[Any, Any]:
+        def adapt(seed: Any, x0: Any, cov: Any, offset: Any,
+                  *values: Any) -> tuple[Any, Any, Any]:
             adaptation = blackjax.window_adaptation(
                 blackjax.nuts, shifted(offset, values), is_mass_matrix_diagonal=False,
                 initial_inverse_mass_matrix=cov, target_acceptance_rate=target_accept,
                 max_num_doublings=max_treedepth,
             )
-            (_, parameters), _ = adaptation.run(jax.random.key(seed), x0, num_steps=warmup)
-            return parameters["step_size"], parameters["inverse_mass_matrix"]
+            (_, parameters), info = adaptation.run(jax.random.key(seed), x0,
+                                                   num_steps=warmup)
+            return (parameters["step_size"], parameters["inverse_mass_matrix"],
+                    info.info.num_integration_steps.sum())
 
         def step(seed: Any, x: Any, logdensity: Any, grad: Any, step_size: Any,
                  inverse_mass: Any, offset: Any, *values: Any) -> tuple[Any, ...]:
@@ -231,8 +234,10 @@ class BlackjaxNUTSProposal(Proposal):
             values = c.values()
             theta_hat = self.surrogate.theta_hat
             self._offset = float(c.log_density(theta_hat, *values))
-            step_size, inverse_mass = c.adapt(self._seed(), theta_hat, self.surrogate.cov,
-                                              self._offset, *values)
+            step_size, inverse_mass, n_steps = c.adapt(self._seed(), theta_hat,
+                                                       self.surrogate.cov, self._offset, *values)
+            # The offset's evaluation, and the adaptation's start and leapfrog steps.
+            self.density_evaluations += 2 + int(n_steps)
             self.step_size = float(step_size)
             if not (self.step_size > 0.0 and math.isfinite(self.step_size)):
                 raise RuntimeError(
@@ -249,6 +254,7 @@ class BlackjaxNUTSProposal(Proposal):
         x = np.asarray(x, dtype=np.float64)
         c = self.compiled
         logdensity, grad = c.value_and_grad(x, self._offset, *c.values())
+        self.density_evaluations += 1
         return ProposalState(x, log_density=float(logdensity), carry=(x, logdensity, grad))
 
     def propose(
@@ -267,6 +273,7 @@ class BlackjaxNUTSProposal(Proposal):
         # One transfer to the host for what the test reads; the gradient stays in JAX.
         x_out, lp_new, n_steps = c.device_get((x_new, ld_new, n_steps))
         self.n_steps = int(n_steps)
+        self.density_evaluations += self.n_steps
         lp_new = float(lp_new)
         x_out = np.array(x_out, dtype=np.float64)
         return (ProposalState(x_out, log_density=lp_new, carry=(x_new, ld_new, grad_new)),

@@ -82,12 +82,10 @@ class _WhitenedGradientProposal(Proposal):
             )
         self.grad_log_target = grad_log_target
         self.surrogate = surrogate
-        #: Number of calls of ``grad_log_target`` so far.
-        self.n_grad_evals = 0
 
     def _whitened_grad(self, x: _Vec) -> _Vec:
         """``Lᵀ ∇log π̃(x)`` (shape (d,)), or NaNs if the gradient is not finite."""
-        self.n_grad_evals += 1
+        self.density_evaluations += 1
         g = np.asarray(self.grad_log_target(x), dtype=np.float64)
         if g.shape != (self.surrogate.dim,):
             raise ValueError(

@@ -170,6 +170,7 @@ class SurrogateNUTSProposal(Proposal):
 
     def log_density(self, x: _Vec) -> float:
         """``log π̃(x)`` up to a constant (in the model's coordinates)."""
+        self.density_evaluations += 1
         return float(self._log_density(x))
 
     def start_chain(self, rng: np.random.Generator) -> None:
@@ -201,7 +202,9 @@ class SurrogateNUTSProposal(Proposal):
         """One NUTS iteration from ``state.x``; its end and ``log π̃(x) − log π̃(x′)``."""
         new = {"x": self._to_inner(state.x)}
         for _ in range(self.n_inner):
-            new, _ = self.nuts.step(new)
+            new, stats = self.nuts.step(new)
+            # π̃ at the start (its gradient) and at each leapfrog step of the tree.
+            self.density_evaluations += 1 + int(stats[0]["tree_size"])
         x_new = self._to_model(np.array(new["x"], dtype=np.float64))
         lp = state.log_density if state.log_density == state.log_density else self.log_density(
             state.x)

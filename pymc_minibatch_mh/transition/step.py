@@ -886,8 +886,12 @@ class MinibatchStep(MinibatchStepBase):
         audit = self.audit(estimator, data_free, outcome, getattr(self, "correction", None))
         estimator.close(outcome.rounds)
         self._proposal_state = new_state if outcome.accepted else state
+        # The exact set's rows are read by the test once and by each evaluation of the
+        # surrogate posterior, whose log density contains their log-likelihood.
+        evaluations, self.proposal.density_evaluations = self.proposal.density_evaluations, 0
         stats = self._complete_step(
-            point, x_prop, outcome, recentered + self.audit.rows + estimator.exact_rows, audit
+            point, x_prop, outcome,
+            recentered + self.audit.rows + estimator.exact_rows * (1 + evaluations), audit,
         )
         new_point, (step_stats,) = stats
         step_stats["recentered"] = changed
