@@ -398,14 +398,15 @@ class PredictorTaylorEstimator(TaylorEstimator):
         for shared, rows in zip(self._exact_data, self._rows_at(self.exact_positions),
                                 strict=True):
             shared.set_value(np.asarray(rows, dtype=shared.dtype))
-        if self.exact_rows and self._exact_fn is None:
+        if not self.exact_rows:
+            return
+        if self._exact_fn is None:
             exact_sum, x_cur, x_prop, inv_t = self._exact_graph
             self._exact_fn = direct_call(self.likelihood.compile([x_cur, x_prop, inv_t],
                                                                  exact_sum))
-        if self.exact_rows:
-            _log.info("%s: the %d rows of %d levels with less information than %d average "
-                      "rows are summed exactly at every step", self.step_name,
-                      self.exact_rows, sum(int(s.sum()) for s in small), EXACT_LEVEL_ROWS)
+        _log.info("%s: the %d rows of %d levels with less information than %d average "
+                  "rows are summed exactly at every step", self.step_name,
+                  self.exact_rows, sum(int(s.sum()) for s in small), EXACT_LEVEL_ROWS)
 
     def _rows_at(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
         """The rows at ``positions``; for none, a row's arrays cut to length 0.
