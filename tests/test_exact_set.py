@@ -155,6 +155,30 @@ def test_the_surrogate_includes_the_exact_set(crossed):
     np.testing.assert_allclose(cv.proxy_gradient(x), numeric, rtol=1e-5, atol=1e-5)
 
 
+def test_the_exact_set_follows_a_new_reference_point(crossed):
+    """Re-centring moves θ̂: the exact set's q̂_i, g_i, H_i and ℓ_i(θ̂), kept between
+    calls, must move with it (stale ones break both identities)."""
+    _, _, step = crossed
+    cv = step.control_variate
+    cv.start_chain(np.random.default_rng(4), 50)
+    x, x_prop = _pair(step, 4)
+    lik = step.likelihood
+    # What a re-centring does (TaylorEstimator.maybe_recenter).
+    cv._set_reference(cv.passes.reference_at(x, what="re-centring point"))
+    try:
+        data_free = cv.open(x, x_prop, np.array(1.0), 0.0, 50)
+        values = cv.full_pass()
+        cv.close(1)
+        assert data_free + values.sum() == pytest.approx(_exact_delta(step, x, x_prop),
+                                                         abs=1e-8)
+        prior = lik.prior(x_prop) - lik.prior(x)
+        assert data_free - prior == pytest.approx(cv.proxy_value(x_prop) - cv.proxy_value(x),
+                                                  abs=1e-8)
+    finally:
+        cv.start_chain(np.random.default_rng(0), 50)  # back to the set-up's θ̂
+        assert cv.reference is cv.initial_reference
+
+
 def test_without_small_levels_there_is_no_exact_set(monkeypatch):
     # A level has some information (the logistic log-likelihood is strictly concave), so
     # none has less than 0 average rows.

@@ -66,7 +66,11 @@ set-up, after θ̂): the data-free part adds
 their residuals' sum at every step (:attr:`PredictorTaylorEstimator.exact_rows` rows),
 and the surrogate posterior contains their log-likelihood, so a proposal on it reads them
 at each of its evaluations (a NUTS transition: its start, each leapfrog step and the
-end's density); the ``extra_evaluations`` stat counts every such read. The per-row
+end's density); the ``extra_evaluations`` stat counts every such read. The set's
+``q̂_i``, ``g_i``, ``H_i`` and ``ℓ_i(θ̂)`` are evaluated once per set-up and per
+re-centring and kept, so such a read evaluates ``q_i`` and ``ℓ_i`` at the new point only
+(measured on the zoo's crossed model at N = 3·10⁴: 146 µs per gradient of π̃ against 176
+µs when they were evaluated again at every call, 60 µs without the set). The per-row
 values are the residuals times ``1[i ∉ E]``, so that the minibatch estimates the sum over
 the other rows only. The estimator stays unbiased (a stratified sum), and a full pass
 gives the exact Δ. (Measured on the zoo's crossed model at N = 3·10⁴: without the exact
@@ -159,7 +163,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     __slots__ = ("_coef_hat", "_coef_gradient", "_coef_hessian", "_exact_fn", "exact_rows",
                  "exact_positions", "_exact_graph", "_exact_proxy_fn", "_exact_flags",
-                 "_exact_data")
+                 "_exact_data", "_exact_constants")
 
     def __init__(
         self,
@@ -224,9 +228,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     def _exact_proxy_graph(self, flat: Any) -> Any:
         """The exact set's residuals summed from θ̂ to ``flat`` (untempered)."""
-        exact_sum, x_cur, x_prop, inv_t = self._exact_graph
-        return clone_replace(exact_sum, {x_cur: self._theta, x_prop: flat,
-                                         inv_t: pt.constant(1.0, dtype=inv_t.dtype)})
+        return clone_replace(self._exact_graph[1], {self.likelihood.graphs.flat: flat})
 
     def _exact_proxy(self, x: NDArray[np.float64]) -> tuple[Any, Any]:
         """The exact set's residual sum from θ̂ to ``x`` and its gradient (compiled once)."""
@@ -285,7 +287,6 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     def _compile_delta(self, graphs: Any) -> Any:
         an = self.analysis
-        m = len(an.predictors.quantities)
         g, h, _ = quantity_derivatives(an, self._theta)
         n = an.n_batch
         q = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
@@ -294,23 +295,14 @@ class PredictorTaylorEstimator(TaylorEstimator):
         q_prop = clone_replace(q, {graphs.flat: x_prop})
         q_cur = clone_replace(q, {graphs.flat: x_cur})
         q_hat = clone_replace(q, {graphs.flat: self._theta})
-        dq = [a - b for a, b in zip(q_prop, q_cur, strict=True)]
-        wq = [a + b - 2.0 * c for a, b, c in zip(q_prop, q_cur, q_hat, strict=True)]
-        proxy = 0.0
-        for j in range(m):
-            proxy = proxy + g[j] * dq[j]
-        for j, j2, hjl in h:
-            if j == j2:
-                proxy = proxy + 0.5 * hjl * dq[j] * wq[j]
-            else:  # H_jl = H_lj: both cross terms
-                proxy = proxy + 0.5 * hjl * (dq[j] * wq[j2] + dq[j2] * wq[j])
-        residuals = graphs.ratios - proxy * inv_t
+        residuals = _residuals(graphs.ratios, q_prop, q_cur, q_hat, g, h, inv_t)
         c_prop = clone_replace(an.coef, {graphs.flat: x_prop})
         c_cur = clone_replace(an.coef, {graphs.flat: x_cur})
         closed_form = expansion_difference(
             self._coef_gradient, self._coef_hessian, self._coef_hat, c_cur, c_prop, dot=pt.dot
         ) * inv_t
         self._exact_fn = self._exact_graph = self._exact_proxy_fn = None
+        self._exact_constants = None
         self.exact_rows, self.exact_positions = 0, np.empty(0, dtype=np.int64)
         self._exact_flags, self._exact_data = [], []
         index_terms = [t for t in an.terms if t.kind == "index"]
@@ -321,11 +313,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
             self._exact_data = [pytensor.shared(np.asarray(r, dtype=d.dtype)) for d, r in
                                 zip(graphs.data, self._rows_at(self.exact_positions),
                                     strict=True)]
-            # The exact set's residuals, summed at every step on its rows (compiled when
-            # a set-up first chooses a set that is not empty).
-            exact_sum = clone_replace(pt.sum(residuals),
-                                      dict(zip(graphs.data, self._exact_data, strict=True)))
-            self._exact_graph = (exact_sum, x_cur, x_prop, inv_t)
+            self._exact_graph = self._exact_graphs(graphs, q, q_hat, g, h)
             in_set = None
             for t, flags in zip(index_terms, self._exact_flags, strict=True):
                 hit = flags[an.rows(t.index).astype("int64")]
@@ -335,6 +323,52 @@ class PredictorTaylorEstimator(TaylorEstimator):
             [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
         )
         return direct_call(fn)
+
+    def _exact_graphs(self, graphs: Any, q: list[Any], q_hat: list[Any], g: list[Any],
+                      h: list[tuple[int, int, Any]]) -> tuple[Any, Any, Any]:
+        """The exact set's residual sums: the test's (of ``x_cur``, ``x_prop``, ``inv_t``)
+        and the surrogate's (from θ̂ to ``graphs.flat``, untempered).
+
+        Both read the rows' ``q̂_i``, ``g_i``, ``H_i`` and ``ℓ_i(θ̂)`` from shared
+        vectors, filled once per set-up and reference (:meth:`_refresh_exact_constants`),
+        not evaluated again at every call: the surrogate's evaluates only ``ℓ_i`` and
+        ``q_i`` at its point.
+        """
+        rows = dict(zip(graphs.data, self._exact_data, strict=True))
+        m = len(q)
+        # q̂, g, the non-zero H and ℓ(θ̂) on the exact rows: their graphs and shared values.
+        at_hat = [*q_hat, *g, *(hjl for _, _, hjl in h),
+                  clone_replace(graphs.row_loglik, {graphs.flat: self._theta})]
+        shared = [pytensor.shared(np.zeros(0), name=f"cv_exact_{k}") for k in range(len(at_hat))]
+        self._exact_constants = (clone_replace(at_hat, rows), shared, None)
+        q_hat_e, g_e = shared[:m], shared[m:2 * m]
+        h_e = [(j, j2, c) for (j, j2, _), c in zip(h, shared[2 * m:-1], strict=True)]
+        x_cur, x_prop, inv_t = graphs.x_cur, graphs.x_prop, graphs.inv_temperature
+        on_rows = clone_replace([graphs.ratios, *q, graphs.row_loglik], rows)
+        ratios_e, q_e, loglik_e = on_rows[0], on_rows[1:m + 1], on_rows[-1]
+        test = pt.sum(_residuals(ratios_e, clone_replace(q_e, {graphs.flat: x_prop}),
+                                 clone_replace(q_e, {graphs.flat: x_cur}), q_hat_e, g_e, h_e,
+                                 inv_t))
+        one = pt.constant(1.0, dtype="float64")
+        surrogate = pt.sum(_residuals(loglik_e - shared[-1], q_e, q_hat_e, q_hat_e, g_e, h_e,
+                                      one))
+        return test, surrogate, (x_cur, x_prop, inv_t)
+
+    def _refresh_exact_constants(self) -> None:
+        """Evaluate ``q̂_i``, ``g_i``, ``H_i``, ``ℓ_i(θ̂)`` on the exact set's rows (at θ̂)."""
+        if self._exact_constants is None:
+            return
+        graphs_, shared, fn = self._exact_constants
+        if not self.exact_rows:
+            values = [np.zeros(0)] * len(shared)
+        else:
+            if fn is None:
+                fn = self.likelihood.compile([], graphs_, mode="FAST_COMPILE")
+                self._exact_constants = (graphs_, shared, fn)
+            values = fn()
+        for var, value in zip(shared, values, strict=True):
+            var.set_value(np.broadcast_to(np.asarray(value, dtype=np.float64),
+                                          (self.exact_rows,)).copy())
 
     def _set_up(self) -> None:
         """θ̂ and the full-data sums, then the exact set on the same data.
@@ -398,12 +432,12 @@ class PredictorTaylorEstimator(TaylorEstimator):
         for shared, rows in zip(self._exact_data, self._rows_at(self.exact_positions),
                                 strict=True):
             shared.set_value(np.asarray(rows, dtype=shared.dtype))
+        self._refresh_exact_constants()
         if not self.exact_rows:
             return
         if self._exact_fn is None:
-            exact_sum, x_cur, x_prop, inv_t = self._exact_graph
-            self._exact_fn = direct_call(self.likelihood.compile([x_cur, x_prop, inv_t],
-                                                                 exact_sum))
+            exact_sum, _, inputs = self._exact_graph
+            self._exact_fn = direct_call(self.likelihood.compile(list(inputs), exact_sum))
         _log.info("%s: the %d rows of %d levels with less information than %d average "
                   "rows are summed exactly at every step", self.step_name,
                   self.exact_rows, sum(int(s.sum()) for s in small), EXACT_LEVEL_ROWS)
@@ -442,6 +476,27 @@ class PredictorTaylorEstimator(TaylorEstimator):
         self._coef_hat.set_value(np.array(ref.coef), borrow=False)
         self._coef_gradient.set_value(np.array(ref.coef_gradient), borrow=False)
         self._coef_hessian.set_value(np.array(ref.coef_hessian), borrow=False)
+        self._refresh_exact_constants()  # the exact set's q̂_i, g_i, H_i at the new θ̂
+
+
+def _residuals(ratios: Any, q_prop: list[Any], q_cur: list[Any], q_hat: list[Any],
+               g: list[Any], h: list[tuple[int, int, Any]], inv_t: Any) -> Any:
+    """Per-row residuals ``r_i`` of the module docstring (the one home of the formula).
+
+    ``ratios`` are the tempered ``ℓ_i(θ′) − ℓ_i(θ)``; ``q_*`` the quantities at θ′, θ and
+    θ̂; ``g`` and the non-zero ``H_jk`` (``(j, k, H_jk)``, ``j ≤ k``) at θ̂.
+    """
+    dq = [a - b for a, b in zip(q_prop, q_cur, strict=True)]
+    wq = [a + b - 2.0 * c for a, b, c in zip(q_prop, q_cur, q_hat, strict=True)]
+    proxy = 0.0
+    for gj, dqj in zip(g, dq, strict=True):
+        proxy = proxy + gj * dqj
+    for j, j2, hjl in h:
+        if j == j2:
+            proxy = proxy + 0.5 * hjl * dq[j] * wq[j]
+        else:  # H_jl = H_lj: both cross terms
+            proxy = proxy + 0.5 * hjl * (dq[j] * wq[j2] + dq[j2] * wq[j])
+    return ratios - proxy * inv_t
 
 
 def average_rows(information: NDArray[np.float64], counts: NDArray[np.int64],
