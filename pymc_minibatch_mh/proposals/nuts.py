@@ -131,6 +131,10 @@ class SurrogateNUTSProposal(Proposal):
         self._whiten: tuple[_Vec, _Vec] | None = None
         if dim > DENSE_MASS_MAX_DIM:
             self._whiten = (mean, np.linalg.cholesky(cov))
+            # L⁻¹ once: a product per transition instead of a triangular solve (about 90
+            # µs through SciPy's wrapper at d = 222, a tenth of that as a product).
+            self._chol_inv = scipy.linalg.solve_triangular(self._whiten[1], np.eye(dim),
+                                                           lower=True)
         with pm.Model(model=None) as self.model:  # a model of its own, never a submodel
             if self._whiten is None:
                 x = pm.Flat("x", shape=(dim,), initval=mean)
@@ -160,8 +164,7 @@ class SurrogateNUTSProposal(Proposal):
         u = x if self.centring is None else self.centring.to_phi(x)
         if self._whiten is None:
             return u
-        mean, chol = self._whiten
-        return scipy.linalg.solve_triangular(chol, u - mean, lower=True)
+        return self._chol_inv @ (u - self._whiten[0])
 
     def _to_model(self, v: _Vec) -> _Vec:
         """The model's coordinates of a point in NUTS's (:meth:`_to_inner` inverted)."""
