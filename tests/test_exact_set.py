@@ -197,22 +197,45 @@ def test_without_small_levels_there_is_no_exact_set(monkeypatch):
 
 def test_extra_evaluations_count_the_surrogates_reads_of_the_exact_set(crossed):
     # The surrogate posterior contains the exact set's log-likelihood, so each of its
-    # evaluations (NUTS's start and leapfrog steps, the proposal's own log density) reads
-    # those rows, and the test reads them once more: extra_evaluations counts them all.
+    # evaluations (NUTS's leapfrog steps, a state's density) reads those rows, and the
+    # test reads them once more: extra_evaluations counts them all. PyMC's NUTS asks for
+    # π̃ at its start again, and its end is one of its leapfrog steps: the proposal
+    # evaluates neither again (fewer evaluations than PyMC's calls).
     model, _, step = crossed
     assert step.proposal.name == "surrogate_nuts" and step.control_variate.exact_rows > 0
-    calls = []
-    integrator = step.proposal.nuts.integrator
-    leapfrog, density = integrator._logp_dlogp_func, step.proposal._log_density
-    integrator._logp_dlogp_func = lambda *a: calls.append(1) or leapfrog(*a)
-    step.proposal._log_density = lambda x: calls.append(1) or density(x)
+    evaluations, asked = [], []
+    proposal, integrator = step.proposal, step.proposal.nuts.integrator
+    evaluate, ask = proposal._evaluate, integrator._logp_dlogp_func
+    proposal._evaluate = lambda *a: evaluations.append(1) or evaluate(*a)
+    integrator._logp_dlogp_func = lambda *a: asked.append(1) or ask(*a)
     try:
         with model:
             idata = pm.sample(step=step, tune=0, draws=5, chains=1, cores=1, random_seed=2,
                               progressbar=False, compute_convergence_checks=False)
     finally:
-        integrator._logp_dlogp_func, step.proposal._log_density = leapfrog, density
+        proposal._evaluate, integrator._logp_dlogp_func = evaluate, ask
     transitions = 5 * step.steps_per_draw
     extra = int(idata.sample_stats["extra_evaluations"].sum())
-    assert len(calls) > transitions
-    assert extra == step.control_variate.exact_rows * (transitions + len(calls))
+    assert len(evaluations) > transitions
+    assert len(asked) >= len(evaluations) + transitions - 1  # the starts, after the first
+    assert extra == step.control_variate.exact_rows * (transitions + len(evaluations))
+
+
+def test_the_surrogate_nuts_ratio_is_the_surrogates_difference(crossed):
+    """log q(θ | θ′) − log q(θ′ | θ) = log π̃(θ) − log π̃(θ′), with π̃ from the step's
+    surrogate posterior (not NUTS's density, which carries the centring's Jacobian)."""
+    model, _, step = crossed
+    proposal, post = step.proposal, step.surrogate_posterior()
+    assert proposal.centring is not None
+    rng = np.random.default_rng(7)
+    proposal.start_chain(rng)
+    state = proposal.init(post.laplace.theta_hat)
+    assert state.log_density == pytest.approx(post.log_density(state.x), abs=1e-8)
+    moved = 0
+    for _ in range(10):
+        new, info = proposal.propose(rng, state, 1.0)
+        moved += not np.array_equal(new.x, state.x)
+        assert info.log_q_ratio == pytest.approx(
+            post.log_density(state.x) - post.log_density(new.x), abs=1e-8)
+        state = new
+    assert moved >= 3

@@ -65,8 +65,9 @@ term without positive total information counts rows instead; the set is chosen a
 set-up, after θ̂): the data-free part adds
 their residuals' sum at every step (:attr:`PredictorTaylorEstimator.exact_rows` rows),
 and the surrogate posterior contains their log-likelihood, so a proposal on it reads them
-at each of its evaluations (a NUTS transition: its start, each leapfrog step and the
-end's density); the ``extra_evaluations`` stat counts every such read. The set's
+at each of its evaluations (a transition of the surrogate NUTS: each leapfrog step; its
+start and end were evaluated before); the ``extra_evaluations`` stat counts every such
+read. The set's
 ``q̂_i``, ``g_i``, ``H_i`` and ``ℓ_i(θ̂)`` are evaluated once per set-up and per
 re-centring and kept, so such a read evaluates ``q_i`` and ``ℓ_i`` at the new point only
 (measured on the zoo's crossed model at N = 3·10⁴: 146 µs per gradient of π̃ against 176

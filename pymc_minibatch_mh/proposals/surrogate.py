@@ -293,6 +293,7 @@ class Centring:
         mode = default_mode()
         self._to_phi, _ = compile_function([flat], forward, mode)
         self._to_theta, _ = compile_function([phi], self._theta, mode)
+        self._log_jacobian_fn, _ = compile_function([phi], self._log_jacobian, mode)
         self._jacobian = pytensor.function(
             [flat], pytensor.gradient.jacobian(forward, flat), mode="FAST_COMPILE")
 
@@ -304,6 +305,10 @@ class Centring:
         """``T⁻¹(φ)``."""
         return np.asarray(self._to_theta(np.asarray(phi, dtype=np.float64)),
                           dtype=np.float64)
+
+    def log_jacobian(self, phi: ArrayLike) -> float:
+        """``log |det ∂θ/∂φ|`` at ``φ`` (the term :meth:`log_density_graph` adds)."""
+        return float(self._log_jacobian_fn(np.asarray(phi, dtype=np.float64)))
 
     def log_density_graph(self, graph: Any, flat: Any) -> Any:
         """``log π̃_φ``: ``graph`` (of ``flat``) at ``T⁻¹(φ)`` plus the log-Jacobian."""
