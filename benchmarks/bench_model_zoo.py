@@ -104,9 +104,26 @@ def tail_sizes(n: int, levels: int) -> np.ndarray:
     return sizes
 
 
+def family_rng(family: str, seed: int) -> np.random.Generator:
+    """The generator of a family's data (:func:`make_model`)."""
+    return np.random.default_rng([seed, FAMILIES.index(family)])
+
+
+def crossed_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """The crossed family's data: ``g1``, ``g2`` (levels), ``x`` (n × 3) and ``y``."""
+    l1, l2 = CROSSED_LEVELS
+    g1 = rng.integers(l1, size=n)
+    g2 = rng.permutation(np.repeat(np.arange(l2), tail_sizes(n, l2)))
+    x = rng.normal(size=(n, 3))
+    a1, a2 = 0.5 * rng.normal(size=l1), 0.8 * rng.normal(size=l2)
+    eta = -0.3 + a1[g1] + a2[g2] + x @ np.array([0.5, -0.5, 0.25])
+    y = (rng.random(n) < expit(eta)).astype(np.int64)
+    return g1, g2, x, y
+
+
 def make_model(family: str, n: int, seed: int) -> pm.Model:
     """Seeded data and the model a new user would write for them."""
-    rng = np.random.default_rng([seed, FAMILIES.index(family)])
+    rng = family_rng(family, seed)
     if family == "poisson":
         x = rng.normal(0.0, 0.5, size=(n, 4))
         exposure = rng.gamma(2.0, 1.0, size=n)
@@ -197,12 +214,7 @@ def make_model(family: str, n: int, seed: int) -> pm.Model:
             pm.Categorical("y", p=pm.math.softmax(logits, axis=-1), observed=y)
     elif family == "crossed":
         l1, l2 = CROSSED_LEVELS
-        g1 = rng.integers(l1, size=n)
-        g2 = rng.permutation(np.repeat(np.arange(l2), tail_sizes(n, l2)))
-        x = rng.normal(size=(n, 3))
-        a1, a2 = 0.5 * rng.normal(size=l1), 0.8 * rng.normal(size=l2)
-        eta = -0.3 + a1[g1] + a2[g2] + x @ np.array([0.5, -0.5, 0.25])
-        y = (rng.random(n) < expit(eta)).astype(np.int64)
+        g1, g2, x, y = crossed_data(n, rng)
         with pm.Model(coords={"g1": np.arange(l1), "g2": np.arange(l2)}) as model:
             mu = pm.Normal("mu", 0.0, 2.5)
             sigma_1 = pm.HalfNormal("sigma_1", 1.0)

@@ -1,0 +1,126 @@
+"""Study: which rows of the zoo's crossed model the test can leave to its minibatch.
+
+Issue 31 asks for at most 1,000 rows per transition on the crossed random intercepts.
+The zero-config step sums the rows of the levels with little information exactly (the
+*exact set*, ``estimators/predictor_taylor.py``): the test reads them once per
+transition, and the surrogate posterior π̃ contains them, so NUTS on π̃ reads them at each
+of its evaluations (``extra_evaluations``). This script measures what a smaller exact set
+would cost, with the package's own residuals:
+
+1. the zero-config step samples the model (one chain, ``--draws`` + ``--draws``) and
+   gives θ̂ and each level's information (in average rows, as the step counts it);
+2. a second step at the same θ̂, built without an exact set, gives every row's residual
+   ``r_i`` for pairs (θ, θ′) of posterior draws (``open`` + ``full_pass``);
+3. for each threshold (levels with fewer average rows form the set), the table gives the
+   set's rows, the sd of the test's estimate of the other rows' sum at m = 100 rows
+   (``(N − |E|) sd(r_i, i ∉ E) / 10``), the rows m that bring that sd to 0.5, and
+   ``|Σ_{i∈E} r_i|``: the error in the log ratio of a surrogate that expanded the set's
+   rows to second order instead of containing their log-likelihood.
+
+Run (seconds to a few minutes)::
+
+    PYTHONPATH=$PWD python benchmarks/study_exact_set.py --n 3e4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pymc as pm
+import pytensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_model_zoo import crossed_data, family_rng, make_model  # noqa: E402
+
+from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
+from pymc_minibatch_mh.estimators import predictor_taylor  # noqa: E402
+
+THRESHOLDS = (2, 5, 10, 20, 30, 50, 80)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=float, default=3e4)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--draws", type=int, default=500, help="tuning and kept draws, one chain")
+    p.add_argument("--pairs", type=int, default=60)
+    args = p.parse_args(argv)
+    n = int(args.n)
+    model = make_model("crossed", n, args.seed)
+    groups = crossed_data(n, family_rng("crossed", args.seed))[:2]
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+        idata = pm.sample(draws=args.draws, tune=args.draws, chains=1, step=step,
+                          random_seed=args.seed, progressbar=False,
+                          compute_convergence_checks=False)
+    cv = step.control_variate
+    an, ref, point_map = cv.analysis, cv.reference, step.likelihood.point_map
+    information = -np.diag(ref.coef_hessian)
+    index = [sl for t, sl in zip(an.terms, an.slices, strict=True) if t.kind == "index"]
+    # Each row's least-informed level, in average rows (as _select_exact_set counts them).
+    weight = np.full(n, np.inf)
+    for g, sl in zip(groups, index, strict=True):
+        counts = np.bincount(g, minlength=sl.stop - sl.start)
+        weight = np.minimum(weight, predictor_taylor.average_rows(information[sl], counts,
+                                                                  n)[g])
+    # The same expansion without an exact set: every row's residual.
+    with mock.patch.object(predictor_taylor, "EXACT_LEVEL_ROWS", 0), model:
+        bare = MinibatchBarker(control_variate="taylor",
+                               reference=point_map.to_point(ref.theta, model.initial_point()))
+    cv0 = bare.control_variate
+    assert cv0.exact_rows == 0
+    post = idata.posterior.isel(chain=0)
+    to_values = _to_values(model)
+    flat = [point_map.to_flat(to_values({name: post[name].values[k] for name in post.data_vars}))
+            for k in range(post.sizes["draw"])]
+    rng = np.random.default_rng(args.seed)
+    residuals = []
+    for _ in range(args.pairs):
+        i, j = rng.choice(len(flat), 2, replace=False)
+        cv0.start_chain(rng, 100)
+        cv0.open(flat[i], flat[j], np.array(1.0), 0.0, 100)
+        residuals.append(np.array(cv0.full_pass()))
+        cv0.close(1)
+    r = np.array(residuals)
+    print(f"N = {n:,}; the zero-config step's exact set: {cv.exact_rows:,} rows; "
+          f"{args.pairs} pairs of posterior draws\n")
+    print("| levels with fewer average rows than | rows in the set | sd at m = 100, "
+          "median (90 %) | m for sd 0.5 | abs(sum over the set), median (90 %) |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for thr in THRESHOLDS:
+        in_set = weight < thr
+        sd = (n - in_set.sum()) * r[:, ~in_set].std(axis=1) / 10.0
+        err = np.abs(r[:, in_set].sum(axis=1))
+        print(f"| {thr} | {int(in_set.sum()):,} | {np.median(sd):.2f} ({np.quantile(sd, 0.9):.2f})"
+              f" | {int(np.median(sd) ** 2 * 100 / 0.25):,} | {np.median(err):.2f} "
+              f"({np.quantile(err, 0.9):.2f}) |")
+
+
+def _to_values(model: pm.Model):
+    """A function: a posterior draw (constrained values) -> the value variables' point."""
+    forward = {}
+    for rv in model.free_RVs:
+        transform = model.rvs_to_transforms.get(rv)
+        if transform is not None:
+            x = rv.type()
+            forward[rv.name] = (model.rvs_to_values[rv].name, pytensor.function(
+                [x], transform.forward(x, *rv.owner.inputs), on_unused_input="ignore"))
+
+    def to_values(draw: dict) -> dict:
+        point = {}
+        for rv in model.free_RVs:
+            name, fn = forward.get(rv.name, (rv.name, None))
+            value = np.asarray(draw[rv.name], dtype=np.float64)
+            point[name] = value if fn is None else np.asarray(fn(value))
+        return point
+
+    return to_values
+
+
+if __name__ == "__main__":
+    main()
