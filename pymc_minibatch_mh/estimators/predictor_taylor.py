@@ -326,7 +326,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         return direct_call(fn)
 
     def _exact_graphs(self, graphs: Any, q: list[Any], q_hat: list[Any], g: list[Any],
-                      h: list[tuple[int, int, Any]]) -> tuple[Any, Any, Any]:
+                      h: list[tuple[int, int, Any]]) -> tuple[Any, Any]:
         """The exact set's residual sums: the test's (of ``x_cur``, ``x_prop``, ``inv_t``)
         and the surrogate's (from θ̂ to ``graphs.flat``, untempered).
 
@@ -353,7 +353,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         one = pt.constant(1.0, dtype="float64")
         surrogate = pt.sum(_residuals(loglik_e - shared[-1], q_e, q_hat_e, q_hat_e, g_e, h_e,
                                       one))
-        return test, surrogate, (x_cur, x_prop, inv_t)
+        return test, surrogate
 
     def _refresh_exact_constants(self) -> None:
         """Evaluate ``q̂_i``, ``g_i``, ``H_i``, ``ℓ_i(θ̂)`` on the exact set's rows (at θ̂)."""
@@ -437,8 +437,9 @@ class PredictorTaylorEstimator(TaylorEstimator):
         if not self.exact_rows:
             return
         if self._exact_fn is None:
-            exact_sum, _, inputs = self._exact_graph
-            self._exact_fn = direct_call(self.likelihood.compile(list(inputs), exact_sum))
+            g = self.likelihood.graphs
+            self._exact_fn = direct_call(self.likelihood.compile(
+                [g.x_cur, g.x_prop, g.inv_temperature], self._exact_graph[0]))
         _log.info("%s: the %d rows of %d levels with less information than %d average "
                   "rows are summed exactly at every step", self.step_name,
                   self.exact_rows, sum(int(s.sum()) for s in small), EXACT_LEVEL_ROWS)

@@ -69,7 +69,8 @@ class ProposalState:
         (Crank–Nicolson).
     carry : object or None
         Anything else a proposal carries to its next call at this point, in its own
-        form (the compiled NUTS's JAX arrays).
+        form (the compiled NUTS's JAX arrays; the surrogate NUTS's coordinates, density
+        and gradient).
 
     """
 

@@ -195,21 +195,18 @@ class SurrogateNUTSProposal(Proposal):
         return self._chol_inv @ (u - self._whiten[0])
 
     def _unwhiten(self, v: _Vec) -> _Vec:
-        """The centred coordinates ``u`` of NUTS's ``v`` (``v`` itself unwhitened)."""
+        """The centred coordinates ``u`` of NUTS's ``v`` (:meth:`_to_inner` inverted, up
+        to the centring; ``v`` itself unwhitened)."""
         return v if self._whiten is None else self._whiten[0] + self._whiten[1] @ v
 
-    def _to_model(self, u: _Vec) -> _Vec:
-        """The model's coordinates of centred coordinates ``u`` (:meth:`_to_inner`
-        inverted after :meth:`_unwhiten`)."""
-        return u if self.centring is None else self.centring.to_theta(u)
+    def _from_centred(self, u: _Vec) -> tuple[_Vec, float]:
+        """The model's coordinates of the centred ``u`` and ``log |det ∂θ/∂φ|`` there
+        (``u`` itself and 0 without centring).
 
-    def _log_jacobian(self, u: _Vec) -> float:
-        """``log |det ∂θ/∂φ|`` at the centred coordinates ``u`` (0 without centring).
-
-        NUTS's density at ``v`` is ``log π̃(θ) +`` this (the whitening is linear: its
+        NUTS's density at ``v`` is ``log π̃(θ) +`` that term (the whitening is linear: its
         Jacobian is a constant, left out).
         """
-        return 0.0 if self.centring is None else self.centring.log_jacobian(u)
+        return (u, 0.0) if self.centring is None else self.centring.from_phi(u)
 
     def _state(self, v: _Vec, x: _Vec | None = None) -> ProposalState:
         """The state at NUTS's ``v`` (the model's ``x``, computed unless given):
@@ -219,10 +216,8 @@ class SurrogateNUTSProposal(Proposal):
         transition starts from the same ``v`` without evaluating π̃ again.
         """
         logp, grad = self._logp_dlogp(v)
-        u = self._unwhiten(v)
-        if x is None:
-            x = self._to_model(u)
-        return ProposalState(x, log_density=logp - self._log_jacobian(u),
+        x_of_v, log_jacobian = self._from_centred(self._unwhiten(v))
+        return ProposalState(x_of_v if x is None else x, log_density=logp - log_jacobian,
                              carry=(v, logp, grad))
 
     def start_chain(self, rng: np.random.Generator) -> None:

@@ -292,8 +292,7 @@ class Centring:
         # model at N = 3·10⁴. The Jacobian is evaluated once.
         mode = default_mode()
         self._to_phi, _ = compile_function([flat], forward, mode)
-        self._to_theta, _ = compile_function([phi], self._theta, mode)
-        self._log_jacobian_fn, _ = compile_function([phi], self._log_jacobian, mode)
+        self._from_phi, _ = compile_function([phi], [self._theta, self._log_jacobian], mode)
         self._jacobian = pytensor.function(
             [flat], pytensor.gradient.jacobian(forward, flat), mode="FAST_COMPILE")
 
@@ -301,14 +300,19 @@ class Centring:
         """``T(θ)``."""
         return np.asarray(self._to_phi(np.asarray(x, dtype=np.float64)), dtype=np.float64)
 
+    def from_phi(self, phi: ArrayLike) -> tuple[NDArray[np.float64], float]:
+        """``T⁻¹(φ)`` and ``log |det ∂θ/∂φ|`` there (the term :meth:`log_density_graph`
+        adds), in one call."""
+        theta, log_jacobian = self._from_phi(np.asarray(phi, dtype=np.float64))
+        return np.asarray(theta, dtype=np.float64), float(log_jacobian)
+
     def to_theta(self, phi: ArrayLike) -> NDArray[np.float64]:
         """``T⁻¹(φ)``."""
-        return np.asarray(self._to_theta(np.asarray(phi, dtype=np.float64)),
-                          dtype=np.float64)
+        return self.from_phi(phi)[0]
 
     def log_jacobian(self, phi: ArrayLike) -> float:
-        """``log |det ∂θ/∂φ|`` at ``φ`` (the term :meth:`log_density_graph` adds)."""
-        return float(self._log_jacobian_fn(np.asarray(phi, dtype=np.float64)))
+        """``log |det ∂θ/∂φ|`` at ``φ``."""
+        return self.from_phi(phi)[1]
 
     def log_density_graph(self, graph: Any, flat: Any) -> Any:
         """``log π̃_φ``: ``graph`` (of ``flat``) at ``T⁻¹(φ)`` plus the log-Jacobian."""
