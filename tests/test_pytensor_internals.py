@@ -33,7 +33,9 @@ from pytensor.graph.traversal import ancestors
 
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
 from pymc_minibatch_mh.model.graph import checks_as_ninf, has_op
+from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import (
+    C_MODE,
     MINIBATCH_OPS,
     DirectCall,
     PyMCStepHooks,
@@ -44,6 +46,7 @@ from pymc_minibatch_mh.model.internals import (
     full_adapt_potential,
     is_ninf_check,
     jitted_parts,
+    object_mode_ops,
     set_adaptation_window,
     set_step_tuning,
 )
@@ -290,6 +293,27 @@ def test_no_function_runs_in_numba_object_mode(monkeypatch):
         np.testing.assert_allclose(fn(values), psi(values), rtol=1e-10)
     # Other warnings of the compilation still reach the user.
     real = pytensor.function
+    # The op is found in the graph as given (here a gradient graph, before any rewrite),
+    # and the function is then compiled once, for the C backend, not first for Numba.
+    hessian = pytensor.grad(pt.sum(pytensor.grad(pt.sum(pt.gammaln(x)), x)), x)
+    assert object_mode_ops([hessian]) == ["tri_gamma"]
+    assert object_mode_ops([pt.psi(x), x + 1]) == []
+    modes = []
+
+    def counted(*args, **kwargs):
+        modes.append(kwargs["mode"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pytensor, "function", counted)
+    fn, ops = compile_function([x], hessian, "NUMBA")
+    assert ops == ["tri_gamma"] and modes == [C_MODE]
+    np.testing.assert_allclose(fn(values), polygamma(1, values), rtol=1e-7)
+    # An op the scan does not see is still caught by the build's warnings (two builds).
+    monkeypatch.setattr(internals, "object_mode_ops", lambda outputs: [])
+    modes.clear()
+    fn, ops = compile_function([x], hessian, "NUMBA")
+    assert ops == ["tri_gamma"] and modes == ["NUMBA", C_MODE]
+    monkeypatch.undo()
 
     def noisy(*args, **kwargs):
         warnings.warn("a warning of the compilation", UserWarning, stacklevel=2)
