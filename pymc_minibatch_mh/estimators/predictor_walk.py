@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, io_toposort
-from pytensor.scalar.basic import Add, Identity, Mul, Neg, Sub, TrueDiv
+from pytensor.scalar.basic import Add, Exp, Identity, Log, Mul, Neg, Sub, TrueDiv
 from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
@@ -255,6 +255,12 @@ class _Walker:
             return self._add(self.decompose(inputs[0]), self._negate(self.decompose(inputs[1])))
         if isinstance(scalar_op, Neg):
             return self._negate(self.decompose(inputs[0]))
+        inner = _strip(inputs[0])
+        if (isinstance(scalar_op, Log) and inner.owner is not None
+                and isinstance(inner.owner.op, Elemwise)
+                and isinstance(inner.owner.op.scalar_op, Exp)):
+            # log(exp(u)) = u (PyMC 6 writes a negative binomial's p = sigmoid(log a − log μ)).
+            return self.decompose(inner.owner.inputs[0])
         if isinstance(scalar_op, Mul):
             return self._mul(var, list(inputs))
         if isinstance(scalar_op, TrueDiv):
