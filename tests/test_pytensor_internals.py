@@ -46,8 +46,10 @@ from pymc_minibatch_mh.model.internals import (
     full_adapt_potential,
     is_ninf_check,
     jitted_parts,
+    nuts_density,
     object_mode_ops,
     set_adaptation_window,
+    set_nuts_density,
     set_step_tuning,
 )
 
@@ -215,6 +217,28 @@ def test_nuts_tune_flag_switches_its_adaptation():
         sizes[tune] = seen
     assert len(set(sizes[True])) > 1  # adapting: the step size moves
     assert len(set(sizes[False])) == 1  # not adapting: fixed
+
+
+def test_nuts_density_is_what_pymcs_integrator_evaluates():
+    with pm.Model():
+        pm.Normal("x", 1.0, 2.0, shape=3)
+        step = pm.NUTS(mode="NUMBA")
+    q = np.array([0.5, -1.0, 2.0])
+    density = nuts_density(step)
+    assert isinstance(density, DirectCall)  # the Numba function, called directly
+    logp, grad = density(q)
+    ref_logp, ref_grad = step.integrator._logp_dlogp_func(q, None)
+    assert float(logp) == pytest.approx(float(ref_logp), abs=1e-12)
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-12)
+    np.testing.assert_allclose(grad, -(q - 1.0) / 4.0, atol=1e-12)
+    # The integrator evaluates what set_nuts_density gives it.
+    calls = []
+    set_nuts_density(step, lambda q, info: calls.append(q.copy()) or density(q))
+    start_inner_chain(step, np.random.default_rng(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step.step({"x": np.zeros(3)})
+    assert len(calls) >= 2
 
 
 def test_parameter_checks_replaceable_by_ninf():

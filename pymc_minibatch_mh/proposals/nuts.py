@@ -61,7 +61,9 @@ from pymc_minibatch_mh.model.internals import (
     build_without_object_mode,
     diag_adapt_potential,
     full_adapt_potential,
+    nuts_density,
     set_adaptation_window,
+    set_nuts_density,
     set_step_tuning,
 )
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalState
@@ -167,10 +169,9 @@ class SurrogateNUTSProposal(Proposal):
         # PyMC's integrator evaluates π̃ (in NUTS's coordinates) through this function; it
         # is wrapped to remember one transition's evaluations by their point's bytes, so
         # that NUTS's start and the proposal's end are not evaluated again (see propose).
-        integrator = self.nuts.integrator
-        self._evaluate = integrator._logp_dlogp_func
+        self._evaluate = nuts_density(self.nuts)
         self._evaluated: dict[bytes, tuple[float, _Vec]] = {}
-        integrator._logp_dlogp_func = self._logp_dlogp
+        set_nuts_density(self.nuts, self._logp_dlogp)
         set_step_tuning(self.nuts, False)
 
     def _logp_dlogp(self, q: _Vec, info: object = None) -> tuple[float, _Vec]:
@@ -183,7 +184,7 @@ class SurrogateNUTSProposal(Proposal):
         kept = self._evaluated.get(key)
         if kept is None:
             self.density_evaluations += 1
-            logp, grad = self._evaluate(q, info)
+            logp, grad = self._evaluate(q)
             kept = self._evaluated[key] = (float(logp), np.array(grad, dtype=np.float64))
         return kept[0], kept[1].copy()
 
