@@ -101,6 +101,7 @@ from bench_tall_glm import (  # noqa: E402
     agreement,
     design_dtype,
     ess_rhat,
+    finish_args,
     fmt,
     make_data,
     run_package,
@@ -159,19 +160,14 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=2017)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    if args.configs is None:
-        args.configs = ",".join(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
-    args.configs = [parse_config(c) for c in args.configs.split(",") if c.strip()]
+    finish_args(p, args, quick=QUICK_CONFIGS, default=DEFAULT_CONFIGS, parse=parse_config,
+                samplers=SAMPLERS)
     if args.budget is None:
         args.budget = 30.0 if args.quick else 300.0
     if args.mhss_burn is None:
         args.mhss_burn = 500 if args.quick else 5000
     if args.mhss_draws is None:
         args.mhss_draws = 5000 if args.quick else 300_000
-    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    unknown = args.skip - set(SAMPLERS)
-    if unknown:
-        p.error(f"--skip: unknown sampler(s) {sorted(unknown)}; choose from {SAMPLERS}")
     return args
 
 

@@ -126,6 +126,20 @@ def parse_config(text: str) -> Config:
     )
 
 
+def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace, *, quick: list[str],
+                default: list[str], parse, samplers: tuple[str, ...]) -> None:
+    """The parsing both scripts share (this one and ``bench_mhss.py``): ``--configs``
+    (``quick`` or ``default`` when absent, each parsed by ``parse``) and ``--skip`` (a set,
+    checked against ``samplers``)."""
+    if args.configs is None:
+        args.configs = ",".join(quick if args.quick else default)
+    args.configs = [parse(c) for c in args.configs.split(",") if c.strip()]
+    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    unknown = args.skip - set(samplers)
+    if unknown:
+        p.error(f"--skip: unknown sampler(s) {sorted(unknown)}; choose from {samplers}")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default=None,
@@ -158,18 +172,13 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=2017)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    if args.configs is None:
-        args.configs = ",".join(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
-    args.configs = [parse_config(c) for c in args.configs.split(",") if c.strip()]
+    finish_args(p, args, quick=QUICK_CONFIGS, default=DEFAULT_CONFIGS, parse=parse_config,
+                samplers=SAMPLERS)
     default_len = 300 if args.quick else 1000
     args.draws = default_len if args.draws is None else args.draws
     args.tune = default_len if args.tune is None else args.tune
     args.nutpie_draws = args.draws if args.nutpie_draws is None else args.nutpie_draws
     args.nutpie_tune = args.tune if args.nutpie_tune is None else args.nutpie_tune
-    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    unknown = args.skip - set(SAMPLERS)
-    if unknown:
-        p.error(f"--skip: unknown sampler(s) {sorted(unknown)}; choose from {SAMPLERS}")
     return args
 
 
