@@ -306,14 +306,6 @@ class Centring:
         theta, log_jacobian = self._from_phi(np.asarray(phi, dtype=np.float64))
         return np.asarray(theta, dtype=np.float64), float(log_jacobian)
 
-    def to_theta(self, phi: ArrayLike) -> NDArray[np.float64]:
-        """``T⁻¹(φ)``."""
-        return self.from_phi(phi)[0]
-
-    def log_jacobian(self, phi: ArrayLike) -> float:
-        """``log |det ∂θ/∂φ|`` at ``φ``."""
-        return self.from_phi(phi)[1]
-
     def log_density_graph(self, graph: Any, flat: Any) -> Any:
         """``log π̃_φ``: ``graph`` (of ``flat``) at ``T⁻¹(φ)`` plus the log-Jacobian."""
         return clone_replace(graph, {flat: self._theta}) + self._log_jacobian
