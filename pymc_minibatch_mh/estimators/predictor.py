@@ -21,15 +21,15 @@ value per row):
 - **Quantities.** Each distribution parameter that depends on the sampled variables. A
   final elementwise link (``sigmoid``, ``exp``, ``softplus``) is peeled, so the quantity
   is η itself (PyMC stores ``p = sigmoid(η)`` as the Bernoulli's parameter; the expansion
-  in η is far better than in p). A negative binomial's ``p = a / (exp(η) + a)`` (PyMC 5's
-  form of ``mu=exp(η), alpha=a``) is ``sigmoid(log a − η)``, and peeled so. Parameters that depend on θ alone (``sigma``) are
+  in η is far better than in p). A negative binomial's ``p = a / (μ + a)`` (PyMC 5's
+  form of ``mu=μ, alpha=a``) is ``sigmoid(log a − log μ)`` (PyMC 6's form), and peeled so. Parameters that depend on θ alone (``sigma``) are
   quantities with one constant feature (``exp`` peeled: the expansion is in ``log σ``).
   Parameters of data only stay as they are.
 - **Decomposition.** The graph of η is walked from the top: ``+``, ``−``, unary ``−``;
   ``×`` of a sum of terms by factors of θ alone (scalars) and by per-row data; ``/`` by
   either; ``v(θ)[idx]`` with ``idx`` per-row integer data (``AdvancedSubtensor``);
   ``dot(X, w(θ))`` and ``X @ w(θ)``; ``sum(X * w(θ), axis=1)``; ``log(exp(u))`` as ``u``
-  (PyMC 6 writes that negative binomial's ``p`` as ``sigmoid(log a − log exp(η))``); casts
+  (that negative binomial's ``log μ`` with ``μ = exp(η)``); casts
   and broadcasting wrappers. Parts of data alone go to the offset ``o`` (never needed numerically). Any
   other operation on a part that depends on both θ and the rows (``exp(b * x)`` inside a
   sum, a product of two such parts, a θ-dependent vector of length N) makes the analysis
@@ -54,13 +54,13 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Add, Exp, TrueDiv
 from pytensor.scalar.math import Sigmoid, Softplus
-from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.random.op import RandomVariable
 
 from pymc_minibatch_mh.estimators.predictor_walk import (
     DecompositionError,
     Linear,
     Term,
+    _is_elemwise,
     _is_scalar_like,
     _n_rows,
     _row_twin,
@@ -178,27 +178,23 @@ class Predictors:
 
 def _peel(param: Variable) -> tuple[str | None, Variable]:
     var = _strip(param)
-    if var.owner is not None and isinstance(var.owner.op, Elemwise):
-        for name, (op_class, _) in LINKS.items():
-            if isinstance(var.owner.op.scalar_op, op_class):
-                return name, _strip(var.owner.inputs[0])
-        odds = _odds_quantity(var)
-        if odds is not None:
-            return "Sigmoid", odds
+    for name, (op_class, _) in LINKS.items():
+        if _is_elemwise(var, op_class):
+            return name, _strip(var.owner.inputs[0])
+    odds = _odds_quantity(var)
+    if odds is not None:
+        return "Sigmoid", odds
     return None, var
 
 
-def _is_elemwise(var: Variable, op_class: type) -> bool:
-    return (var.owner is not None and isinstance(var.owner.op, Elemwise)
-            and isinstance(var.owner.op.scalar_op, op_class))
-
-
 def _odds_quantity(var: Variable) -> Variable | None:
-    """``log a − η`` where ``var`` is ``a / (exp(η) + a)``, else None.
+    """``log a − log μ`` where ``var`` is ``a / (μ + a)``, else None.
 
-    That is ``sigmoid(log a − η)``: PyMC's ``NegativeBinomial(mu=exp(η), alpha=a)`` stores
-    its ``p`` so, and the quantity is then linear in the features of η (``log a`` a
-    coefficient of the constant feature when ``a`` depends on θ alone).
+    That is ``sigmoid(log a − log μ)``, the form PyMC 6 writes itself: PyMC 5's
+    ``NegativeBinomial(mu=μ, alpha=a)`` stores its ``p`` as ``a / (μ + a)``. The walk
+    reads ``log(exp(η))`` as ``η``, so with ``μ = exp(η)`` the quantity is linear in the
+    features of η (``log a`` a coefficient of the constant feature when ``a`` depends on θ
+    alone); another ``μ`` is refused there.
     """
     if not _is_elemwise(var, TrueDiv):
         return None
@@ -206,9 +202,8 @@ def _odds_quantity(var: Variable) -> Variable | None:
     if not _is_elemwise(den, Add) or len(den.owner.inputs) != 2:
         return None
     for mu, other in (den.owner.inputs, den.owner.inputs[::-1]):
-        mu, other = _strip(mu), _strip(other)
-        if other is num and _is_elemwise(mu, Exp):
-            return pt.log(num) - _strip(mu.owner.inputs[0])
+        if _strip(other) is num:
+            return pt.log(num) - pt.log(_strip(mu))
     return None
 
 

@@ -63,6 +63,12 @@ def _is_scalar_like(var: Variable) -> bool:
     return all(var.type.broadcastable)
 
 
+def _is_elemwise(var: Variable, op_class: type) -> bool:
+    """Whether ``var`` is the output of an elementwise ``op_class`` (a scalar op class)."""
+    return (var.owner is not None and isinstance(var.owner.op, Elemwise)
+            and isinstance(var.owner.op.scalar_op, op_class))
+
+
 def _strip(var: Variable) -> Variable:
     """Remove wrappers that change nothing per row: casts, SpecifyShape, broadcasting."""
     while var.owner is not None:
@@ -255,12 +261,9 @@ class _Walker:
             return self._add(self.decompose(inputs[0]), self._negate(self.decompose(inputs[1])))
         if isinstance(scalar_op, Neg):
             return self._negate(self.decompose(inputs[0]))
-        inner = _strip(inputs[0])
-        if (isinstance(scalar_op, Log) and inner.owner is not None
-                and isinstance(inner.owner.op, Elemwise)
-                and isinstance(inner.owner.op.scalar_op, Exp)):
-            # log(exp(u)) = u (PyMC 6 writes a negative binomial's p = sigmoid(log a − log μ)).
-            return self.decompose(inner.owner.inputs[0])
+        if isinstance(scalar_op, Log) and _is_elemwise(_strip(inputs[0]), Exp):
+            # log(exp(u)) = u: a negative binomial's p = sigmoid(log a − log μ), μ = exp(η).
+            return self.decompose(_strip(inputs[0]).owner.inputs[0])
         if isinstance(scalar_op, Mul):
             return self._mul(var, list(inputs))
         if isinstance(scalar_op, TrueDiv):
