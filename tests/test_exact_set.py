@@ -198,27 +198,41 @@ def test_without_small_levels_there_is_no_exact_set(monkeypatch):
 def test_extra_evaluations_count_the_surrogates_reads_of_the_exact_set(crossed):
     # The surrogate posterior contains the exact set's log-likelihood, so each of its
     # evaluations (NUTS's leapfrog steps, a state's density) reads those rows, and the
-    # test reads them once more: extra_evaluations counts them all. PyMC's NUTS asks for
-    # π̃ at its start again, and its end is one of its leapfrog steps: the proposal
-    # evaluates neither again (fewer evaluations than PyMC's calls).
+    # test reads them once more: extra_evaluations counts them all. The leapfrog steps
+    # run in the compiled tree (its leaf count, tree_size); PyMC's NUTS asks for π̃ at its
+    # start again, and its end is one of its leapfrog steps: the proposal evaluates
+    # neither again in Python.
     model, _, step = crossed
     assert step.proposal.name == "surrogate_nuts" and step.control_variate.exact_rows > 0
-    evaluations, asked = [], []
-    proposal, integrator = step.proposal, step.proposal.nuts.integrator
-    evaluate, ask = proposal._evaluate, integrator._logp_dlogp_func
+    proposal, nuts = step.proposal, step.proposal.nuts
+    assert proposal.compiled_tree
+    evaluations, asked, leaves = [], [], []
+    integrator = nuts.integrator
+    evaluate, ask, trajectory = proposal._evaluate, integrator._logp_dlogp_func, \
+        nuts._hamiltonian_step
     proposal._evaluate = lambda *a: evaluations.append(1) or evaluate(*a)
     integrator._logp_dlogp_func = lambda *a: asked.append(1) or ask(*a)
+
+    def counted(*a):
+        out = trajectory(*a)
+        leaves.append(out.stats["tree_size"])
+        return out
+
+    nuts._hamiltonian_step = counted
     try:
         with model:
             idata = pm.sample(step=step, tune=0, draws=5, chains=1, cores=1, random_seed=2,
                               progressbar=False, compute_convergence_checks=False)
     finally:
         proposal._evaluate, integrator._logp_dlogp_func = evaluate, ask
+        nuts._hamiltonian_step = trajectory
     transitions = 5 * step.steps_per_draw
     extra = int(idata.sample_stats["extra_evaluations"].sum())
-    assert len(evaluations) > transitions
-    assert len(asked) >= len(evaluations) + transitions - 1  # the starts, after the first
-    assert extra == step.control_variate.exact_rows * (transitions + len(evaluations))
+    assert len(leaves) == transitions and min(leaves) >= 1
+    assert len(asked) == transitions  # each start: asked, and answered from the state
+    assert len(evaluations) <= 1  # the chain's first state only
+    assert extra == step.control_variate.exact_rows * (
+        transitions + len(evaluations) + sum(leaves))
 
 
 def test_the_surrogate_nuts_ratio_is_the_surrogates_difference(crossed):

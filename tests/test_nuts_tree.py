@@ -1,0 +1,170 @@
+"""The surrogate NUTS's compiled tree is PyMC's NUTS tree, and the proposal falls back visibly.
+
+- ``nuts_tree.CompiledTree`` against PyMC's own ``NUTS._hamiltonian_step`` from the same
+  start, momentum, step size and generator state, trajectory by trajectory, on a
+  non-Gaussian target with a dense and a diagonal mass matrix: the same proposal (to
+  rounding), depth, leaf count, acceptance statistic, divergences and generator state
+  after. Step sizes from small (deep trees, the largest depth reached) to large
+  (divergences) cover every branch of the tree.
+- the dense potential's faster momentum draw gives PyMC's momenta;
+- a surrogate NUTS whose density is not a Numba function (the C backend) warns and builds
+  its trajectories with PyMC's tree; the proposal pickles and its copy continues the chain.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+
+import cloudpickle
+
+import numpy as np
+import pymc as pm
+import pytest
+from pymc.blocking import DictToArrayBijection, RaveledVars
+from pymc.step_methods.hmc.nuts import NUTS
+from pymc.step_methods.hmc.quadpotential import QuadPotentialFull
+
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.model.compat import start_inner_chain
+from pymc_minibatch_mh.model.internals import (
+    diag_adapt_potential,
+    fast_momentum,
+    full_adapt_potential,
+    nuts_density,
+    nuts_mass,
+    nuts_tree_settings,
+)
+from pymc_minibatch_mh.proposals import nuts as nuts_module
+from pymc_minibatch_mh.proposals.nuts_tree import CompiledTree
+
+D = 5
+
+
+def _nuts(dense: bool, max_treedepth: int = 6):
+    """PyMC's NUTS (Numba density) on a heavy-tailed, non-Gaussian 5-d target."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(D, D))
+    cov = a @ a.T / D + 0.1 * np.eye(D)
+    with pm.Model():
+        x = pm.Flat("x", shape=D)
+        pm.Potential("target", pm.logp(pm.StudentT.dist(nu=4.0), x).sum()
+                     - 0.05 * (x ** 4).sum() + 0.3 * x[0] * x[1])
+        potential = (full_adapt_potential(D, np.zeros(D), cov, 10) if dense
+                     else diag_adapt_potential(D, np.zeros(D), np.diag(cov).copy(), 10))
+        step = pm.NUTS(vars=[x], potential=potential, mode="NUMBA",
+                       max_treedepth=max_treedepth)
+    start_inner_chain(step, np.random.default_rng(5))
+    return step
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_compiled_tree_is_pymcs_tree(dense):
+    step = _nuts(dense, max_treedepth=5)
+    density = nuts_density(step)
+    info = DictToArrayBijection.map({"x": np.zeros(D)}).point_map_info
+    q = RaveledVars(np.full(D, 0.3), info)
+    tree = None
+    seen = {"diverging": 0, "reached": 0, "depths": set()}
+    for it in range(240):
+        p0 = step.potential.random()
+        start = step.integrator.compute_state(q, p0)
+        step_size = (0.02, 0.4, 0.9, 2.5)[it % 4]  # deep trees … divergences
+        rng_pymc, rng_tree = copy.deepcopy(step.rng), copy.deepcopy(step.rng)
+        step.rng = rng_pymc
+        step.tune = False
+        ref = NUTS._hamiltonian_step(step, start, p0, step_size)
+        cells = density.shared_values()
+        if tree is None:
+            tree = CompiledTree(density.jit, cells, rng_tree)
+        mass, is_dense = nuts_mass(step.potential)
+        max_depth, e_max, _ = nuts_tree_settings(step)
+        (q_new, grad, logp, energy, index, depth, size, log_accept_sum, _, diverging, _,
+         reached) = tree(cells, rng_tree, start.q.data, start.p, start.v, start.q_grad,
+                         float(start.model_logp), float(start.energy), step_size, mass,
+                         is_dense, max_depth, e_max, False)
+        np.testing.assert_allclose(q_new, ref.end.q.data, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(grad, ref.end.q_grad, rtol=0, atol=1e-9)
+        assert logp == pytest.approx(float(ref.end.logp), abs=1e-9)
+        assert energy == pytest.approx(float(ref.end.energy), abs=1e-9)
+        assert index == ref.end.index_in_trajectory
+        assert (depth, size) == (ref.stats["depth"], ref.stats["tree_size"])
+        assert np.exp(log_accept_sum) / size == pytest.approx(ref.accept_stat, abs=1e-12)
+        assert diverging == bool(ref.divergence_info)
+        assert reached == ref.stats["reached_max_treedepth"]
+        # the same random numbers, in the same order
+        assert rng_tree.bit_generator.state == rng_pymc.bit_generator.state
+        seen["diverging"] += diverging
+        seen["reached"] += reached
+        seen["depths"].add(depth)
+        q = ref.end.q
+    # every branch ran: divergences, the largest depth, shallow and deep trees
+    assert seen["diverging"] > 10 and seen["reached"] > 5
+    assert {1, 2, 3, 4, 5} <= seen["depths"]
+
+
+def test_fast_momentum_draws_pymcs_momenta():
+    step = _nuts(dense=True)
+    potential = step.potential
+    assert isinstance(potential, QuadPotentialFull)
+    reference = copy.deepcopy(potential)
+    fast_momentum(potential)
+    assert type(potential.random).__name__ == "_TriangularMomentum"
+    for _ in range(20):
+        np.testing.assert_allclose(potential.random(), reference.random(), rtol=1e-12,
+                                   atol=1e-12)
+    # a diagonal potential is left as it is
+    diag = _nuts(dense=False).potential
+    fast_momentum(diag)
+    assert type(diag.random).__name__ == "method"
+    # the dense one still pickles (a spawned process of pm.sample gets a copy)
+    copied = pickle.loads(pickle.dumps(potential))
+    np.testing.assert_allclose(copied.random(), potential.random(), atol=1e-12)
+
+
+def _poisson_model():
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0.0, 2.0, shape=2)
+        pm.Poisson("y", pm.math.exp(theta[0] + theta[1] * np.linspace(-1, 1, 40)),
+                   observed=np.arange(40) % 3)
+    return model
+
+
+def test_surrogate_nuts_uses_the_compiled_tree_and_pickles():
+    with _poisson_model():
+        step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    proposal = step.proposal
+    assert proposal.compiled_tree
+    proposal.start_chain(np.random.default_rng(3))
+    state = proposal.init(proposal.surrogate.theta_hat + 0.1)
+    copied = cloudpickle.loads(cloudpickle.dumps(proposal))  # as pm.sample's processes
+    assert copied.compiled_tree
+    for prop in (proposal, copied):
+        prop.set_tuning(False)
+    rng_a, rng_b = np.random.default_rng(4), np.random.default_rng(4)
+    for _ in range(5):
+        new_a, info_a = proposal.propose(rng_a, state, 1.0)
+        new_b, info_b = copied.propose(rng_b, state, 1.0)
+        np.testing.assert_allclose(new_a.x, new_b.x, atol=1e-12)
+        assert info_a.log_q_ratio == pytest.approx(info_b.log_q_ratio, abs=1e-10)
+        # the ratio is log π̃(θ) − log π̃(θ′), evaluated here independently
+        surrogate = step.surrogate_posterior()
+        assert info_a.log_q_ratio == pytest.approx(
+            surrogate.log_density(state.x) - surrogate.log_density(new_a.x), abs=1e-8)
+        state = new_a
+
+
+def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkeypatch):
+    # a density that is not a Numba function (as when π̃ had to be compiled for C)
+    monkeypatch.setattr(nuts_module, "nuts_density", lambda nuts: (
+        lambda q: nuts._logp_dlogp_func._pytensor_function(q)))
+    model = _poisson_model()
+    with model, pytest.warns(UserWarning, match="PyMC's tree in Python"):
+        step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    assert not step.proposal.compiled_tree
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        idata = pm.sample(draws=30, tune=30, step=step, chains=1, random_seed=1,
+                          progressbar=False, compute_convergence_checks=False)
+    assert np.isfinite(np.asarray(idata.posterior["theta"])).all()
