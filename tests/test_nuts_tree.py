@@ -168,3 +168,19 @@ def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkey
         idata = pm.sample(draws=30, tune=30, step=step, chains=1, random_seed=1,
                           progressbar=False, compute_convergence_checks=False)
     assert np.isfinite(np.asarray(idata.posterior["theta"])).all()
+
+
+def test_a_divergence_after_tuning_goes_through_pymcs_step():
+    # PyMC's astep turns a divergence after tuning into a warning with the start point
+    # mapped back to a point dictionary: the compiled tree's start carries the mapping.
+    with _poisson_model():
+        step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    proposal = step.proposal
+    proposal.start_chain(np.random.default_rng(3))
+    proposal.set_tuning(False)
+    proposal.nuts._step_rand = lambda step_size, rng: 1e3  # every trajectory diverges
+    state = proposal.init(proposal.surrogate.theta_hat)
+    new, info = proposal.propose(np.random.default_rng(4), state, 1.0)
+    np.testing.assert_array_equal(new.x, state.x)  # the start is NUTS's proposal
+    assert info.log_q_ratio == pytest.approx(0.0, abs=1e-12)
+    assert proposal.nuts.divergences == 1

@@ -56,8 +56,10 @@ __all__ = [
     "fast_momentum",
     "hamiltonian_step_data",
     "nuts_density",
+    "nuts_iteration",
     "nuts_mass",
     "nuts_tree_settings",
+    "raveled_point_info",
     "set_hamiltonian_step",
     "set_nuts_density",
 ]
@@ -421,6 +423,26 @@ def nuts_tree_settings(nuts: Any) -> tuple[int, float, Any]:
     early = nuts.tune and nuts.iter_count < 200
     depth = nuts.early_max_treedepth if early else nuts.max_treedepth
     return int(depth), float(nuts.Emax), nuts.rng
+
+
+def raveled_point_info(name: str, dim: int) -> Any:
+    """PyMC's ``point_map_info`` of a point with one vector variable ``name`` of ``dim``."""
+    from pymc.blocking import DictToArrayBijection
+
+    return DictToArrayBijection.map({name: np.zeros(dim)}).point_map_info
+
+
+def nuts_iteration(nuts: Any, q: Any, info: Any) -> Any:
+    """One iteration of PyMC's NUTS ``nuts`` from the raveled point ``q`` (its ``astep``).
+
+    ``pm.NUTS.step`` maps a point dictionary to the raveled vector and back around the
+    same call; ``info`` is the ``point_map_info`` (:func:`raveled_point_info`). Returns
+    the new raveled point.
+    """
+    from pymc.blocking import RaveledVars
+
+    end, _ = nuts.astep(RaveledVars(q, info))
+    return end.data
 
 
 def set_hamiltonian_step(nuts: Any, trajectory: Callable[..., Any]) -> None:

@@ -78,8 +78,10 @@ from pymc_minibatch_mh.model.internals import (
     full_adapt_potential,
     hamiltonian_step_data,
     nuts_density,
+    nuts_iteration,
     nuts_mass,
     nuts_tree_settings,
+    raveled_point_info,
     set_adaptation_window,
     set_hamiltonian_step,
     set_nuts_density,
@@ -186,6 +188,7 @@ class SurrogateNUTSProposal(Proposal):
                                  max_treedepth=max_treedepth, potential=potential, mode=mode),
             default_mode())
         self._adaptation_window = adaptation_window(potential)
+        self._point_info = raveled_point_info("x", dim)
         fast_momentum(self.nuts.potential)
         # PyMC's integrator evaluates π̃ (in NUTS's coordinates) through this function; it
         # is wrapped to remember one transition's evaluations by their point's bytes, so
@@ -233,13 +236,21 @@ class SurrogateNUTSProposal(Proposal):
         max_depth, e_max, rng = nuts_tree_settings(self.nuts)
         mass, dense = nuts_mass(self.nuts.potential)
         cells = self._density.shared_values()
+        q0 = start.q.data  # the tree is compiled for writable arrays
+        if not q0.flags.writeable:
+            q0 = q0.copy()
+        args = (rng, q0, start.p, start.v, start.q_grad, float(start.model_logp),
+                float(start.energy), float(step_size), mass, dense, max_depth, e_max,
+                bool(self.nuts.tune))
         if self._tree is None:  # built in the process that samples (it does not pickle)
-            self._tree = CompiledTree(self._density.jit, cells, rng, start.q.data)
+            self._tree = CompiledTree(self._density.jit, cells, rng, q0)
+        try:
+            out = self._tree(cells, *args)
+        except TypeError:  # a shared value of π̃ changed its type (layout): compile again
+            self._tree = CompiledTree(self._density.jit, cells, rng, q0)
+            out = self._tree(cells, *args)
         (q, grad, logp, energy, index, depth, size, log_accept_sum, max_change, diverging,
-         divergence_change, reached_max) = self._tree(
-            cells, rng, start.q.data, start.p,
-            start.v, start.q_grad, float(start.model_logp), float(start.energy),
-            float(step_size), mass, dense, max_depth, e_max, bool(self.nuts.tune))
+         divergence_change, reached_max) = out
         self.density_evaluations += size
         self._evaluated[q.tobytes()] = (logp, grad)
         accept = float(np.exp(log_accept_sum) / size)
@@ -327,10 +338,9 @@ class SurrogateNUTSProposal(Proposal):
             state = self.init(state.x)
         v, logp, grad = state.carry
         self._evaluated = {v.tobytes(): (logp, grad)}
-        new = {"x": v}
         for _ in range(self.n_inner):
-            new, _ = self.nuts.step(new)
-        new_state = self._state(np.array(new["x"], dtype=np.float64))
+            v = nuts_iteration(self.nuts, v, self._point_info)
+        new_state = self._state(np.array(v, dtype=np.float64))
         return (new_state,
                 ProposalInfo(state.log_density - new_state.log_density,
                              step_size=self.step_size))

@@ -374,7 +374,7 @@ class CompiledTree:
         packed = types.BaseTuple.from_types((point, *cell_types))
         signature = next((s for s in density.signatures if tuple(s) == (packed,)), None)
         if signature is None and example is not None:  # not called yet in this process
-            density(np.ascontiguousarray(example, dtype=np.float64), *cells)
+            density(np.array(example, dtype=np.float64), *cells)  # writable, C-ordered
             signature = next((s for s in density.signatures if tuple(s) == (packed,)), None)
         if signature is None:
             raise TypeError(
