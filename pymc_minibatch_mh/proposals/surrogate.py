@@ -40,7 +40,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pymc_minibatch_mh.model.compat import default_mode
 from pymc_minibatch_mh.model.graph import clone_replace
-from pymc_minibatch_mh.model.internals import compile_function
+from pymc_minibatch_mh.model.internals import compile_function, direct_call
 
 __all__ = ["Centring", "GaussianSurrogate", "SurrogatePosterior"]
 
@@ -292,7 +292,9 @@ class Centring:
         # model at N = 3·10⁴. The Jacobian is evaluated once.
         mode = default_mode()
         self._to_phi, _ = compile_function([flat], forward, mode)
-        self._from_phi, _ = compile_function([phi], [self._theta, self._log_jacobian], mode)
+        # Called directly (about 10 µs less a call than PyTensor's wrapper; direct_call).
+        self._from_phi = direct_call(
+            compile_function([phi], [self._theta, self._log_jacobian], mode)[0])
         self._jacobian = pytensor.function(
             [flat], pytensor.gradient.jacobian(forward, flat), mode="FAST_COMPILE")
 
@@ -303,7 +305,8 @@ class Centring:
     def from_phi(self, phi: ArrayLike) -> tuple[NDArray[np.float64], float]:
         """``T⁻¹(φ)`` and ``log |det ∂θ/∂φ|`` there (the term :meth:`log_density_graph`
         adds), in one call."""
-        theta, log_jacobian = self._from_phi(np.asarray(phi, dtype=np.float64))
+        # a writable float64 copy: the type the compiled function was called with
+        theta, log_jacobian = self._from_phi(np.array(phi, dtype=np.float64))
         return np.asarray(theta, dtype=np.float64), float(log_jacobian)
 
     def log_density_graph(self, graph: Any, flat: Any) -> Any:
