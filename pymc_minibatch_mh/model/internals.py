@@ -381,8 +381,8 @@ class _TriangularMomentum:
 
     The same normal draws from the potential's generator and the same triangular solve
     ``Lᵀ p = ξ`` (``L`` the lower Cholesky factor of the mass matrix) as PyMC's, without
-    SciPy's ``solve_triangular`` wrapper and its finiteness check: about 30 µs less per
-    NUTS iteration. A class, not a closure, so that the potential still pickles.
+    SciPy's ``solve_triangular`` wrapper and its finiteness check: 12.5 → 2.7 µs a draw
+    at d = 25. A class, not a closure, so that the potential still pickles.
     """
 
     __slots__ = ("potential",)

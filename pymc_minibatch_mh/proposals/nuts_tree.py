@@ -19,14 +19,15 @@ graph), so a trajectory is one call:
 So from the same start, momentum and step size it returns PyMC's proposal, up to
 floating-point rounding (the tests compare the two trajectory by trajectory).
 
+Everything around the tree (momentum draw, step-size jitter and adaptation, mass-matrix
+adaptation, stats and warnings) stays PyMC's: :mod:`~pymc_minibatch_mh.proposals.nuts`
+puts this function in place of the step's ``_hamiltonian_step``.
+
 Compilation: :class:`CompiledTree` compiles :func:`build_tree` for the density's types,
 with the density as a first-class function of that signature (not as the particular
 function). Numba's disk cache then keeps it for every model whose density has the same
-argument types: the about 3 s of compiling the tree are paid once per machine and
-signature, not per model or process. Everything
-around the tree (momentum draw, step-size jitter and adaptation, mass-matrix adaptation,
-stats and warnings) stays PyMC's: :mod:`~pymc_minibatch_mh.proposals.nuts` puts this
-function in place of the step's ``_hamiltonian_step``.
+argument types: the about 5 s of compiling the tree (4.7 s measured) are paid once per
+machine and signature, not per model or process.
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ def _extra_checks(left_sum, right_sum, left_begin_v, left_end_p, left_end_v, rig
     for i in range(work.shape[0]):
         work[i] = left_end_p[i] + right_sum[i]
     return _turned(work, left_end_v, right_end_v)
+
+
+@numba.njit(cache=True)
+def _take_proposal(prop_q, prop_g, prop_logp, prop_energy, prop_index, to,
+                   source):  # pragma: no cover (compiled)
+    """Row ``to`` of the proposals' arrays takes row ``source``'s proposal (all its parts)."""
+    prop_q[to] = prop_q[source]
+    prop_g[to] = prop_g[source]
+    prop_logp[to] = prop_logp[source]
+    prop_energy[to] = prop_energy[source]
+    prop_index[to] = prop_index[source]
 
 
 @numba.njit(cache=True)
@@ -152,27 +164,28 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
         end_p[e] = p0
         end_v[e] = v0
         end_g[e] = grad0
-    # The tree's proposal, log weight and momentum sum.
-    prop_q = q0.copy()
-    prop_g = grad0.copy()
-    prop_logp = logp0
-    prop_energy = energy0
-    prop_index = 0
-    log_size = 0.0
-    p_sum = p0.copy()
     # The subtree under construction: a stack of completed halves. A half's "first" leaf
-    # is the one integrated first (next to the tree), its "last" the farthest.
+    # is the one integrated first (next to the tree), its "last" the farthest. The
+    # proposals' arrays have one more row, ``tree``: the whole tree's proposal.
     s_first_p = np.empty((levels, d))
     s_first_v = np.empty((levels, d))
     s_last_p = np.empty((levels, d))
     s_last_v = np.empty((levels, d))
     s_p_sum = np.empty((levels, d))
     s_log_size = np.empty(levels)
-    s_prop_q = np.empty((levels, d))
-    s_prop_g = np.empty((levels, d))
-    s_prop_logp = np.empty(levels)
-    s_prop_energy = np.empty(levels)
-    s_prop_index = np.zeros(levels, dtype=np.int64)
+    tree = levels
+    s_prop_q = np.empty((levels + 1, d))
+    s_prop_g = np.empty((levels + 1, d))
+    s_prop_logp = np.empty(levels + 1)
+    s_prop_energy = np.empty(levels + 1)
+    s_prop_index = np.zeros(levels + 1, dtype=np.int64)
+    # The tree's proposal (the start), log weight and momentum sum.
+    s_prop_q[tree] = q0
+    s_prop_g[tree] = grad0
+    s_prop_logp[tree] = logp0
+    s_prop_energy[tree] = energy0
+    log_size = 0.0
+    p_sum = p0.copy()
     # The leaf being integrated, the extended end as it was, scratch space.
     q = np.empty(d)
     p = np.empty(d)
@@ -258,11 +271,8 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
                                            s_last_v[b], work2)
                 merged = _logaddexp(s_log_size[a], s_log_size[b])
                 if math.log(rng.random()) < s_log_size[b] - merged:
-                    s_prop_q[a] = s_prop_q[b]
-                    s_prop_g[a] = s_prop_g[b]
-                    s_prop_logp[a] = s_prop_logp[b]
-                    s_prop_energy[a] = s_prop_energy[b]
-                    s_prop_index[a] = s_prop_index[b]
+                    _take_proposal(s_prop_q, s_prop_g, s_prop_logp, s_prop_energy,
+                                   s_prop_index, a, b)
                 s_log_size[a] = merged
                 s_p_sum[a] = work
                 s_last_p[a] = s_last_p[b]
@@ -286,11 +296,8 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
             break
         # The subtree (s[0]) joins the tree by biased sampling.
         if math.log(rng.random()) < s_log_size[0] - log_size:
-            prop_q[:] = s_prop_q[0]
-            prop_g[:] = s_prop_g[0]
-            prop_logp = s_prop_logp[0]
-            prop_energy = s_prop_energy[0]
-            prop_index = s_prop_index[0]
+            _take_proposal(s_prop_q, s_prop_g, s_prop_logp, s_prop_energy, s_prop_index,
+                           tree, 0)
         log_size = _logaddexp(s_log_size[0], log_size)
         old_sum[:] = p_sum
         for i in range(d):
@@ -308,8 +315,9 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
             break
     else:
         reached_max = not tuning
-    return (prop_q, prop_g, prop_logp, prop_energy, prop_index, depth, n_proposals,
-            log_accept_sum, max_energy_change, diverging, divergence_energy, reached_max)
+    return (s_prop_q[tree].copy(), s_prop_g[tree].copy(), s_prop_logp[tree],
+            s_prop_energy[tree], s_prop_index[tree], depth, n_proposals, log_accept_sum,
+            max_energy_change, diverging, divergence_energy, reached_max)
 
 
 #: The compiled trees, by the density's signature.
@@ -339,7 +347,7 @@ class CompiledTree:
 
     The tree is compiled for the density's signature, with the density as a first-class
     function of that signature (not as the particular function): Numba's disk cache keeps
-    it for every density with the same argument types, so its about 3 s of compilation
+    it for every density with the same argument types, so its about 5 s of compilation
     are paid once per machine and signature, not per model or process. Holds addresses
     of compiled code: build it in the process that calls it (it does not pickle).
 
@@ -372,22 +380,21 @@ class CompiledTree:
         # PyTensor's jitted graphs take their inputs as ``*args``: Numba records a
         # signature of one tuple, and the tree calls the density with ``(q,) + cells``.
         packed = types.BaseTuple.from_types((point, *cell_types))
-        signature = next((s for s in density.signatures if tuple(s) == (packed,)), None)
-        if signature is None and example is not None:  # not called yet in this process
-            density(np.array(example, dtype=np.float64), *cells)  # writable, C-ordered
-            signature = next((s for s in density.signatures if tuple(s) == (packed,)), None)
-        if signature is None:
+        if (packed,) not in density.signatures and example is not None:
+            # not called yet in this process: a writable, C-ordered float64 point
+            density(np.array(example, dtype=np.float64), *cells)
+        if (packed,) not in density.signatures:
             raise TypeError(
                 f"The density has no compiled signature taking {packed} as its arguments "
                 f"(it has {density.signatures}); call it once with a float64 point first.")
-        returns = density.overloads[signature].signature.return_type
-        function = returns(*signature)
+        returns = density.overloads[(packed,)].signature.return_type
+        function = returns(packed)
         self._function = _DensityAddress(density, function)
-        key = (types.FunctionType(function), cell_types)
+        key = types.FunctionType(function)  # its signature holds the cells' types
         tree = _TREES.get(key)
         if tree is None:
             vector, matrix, f64 = point, numba.typeof(np.empty((1, 1))), types.float64
-            arguments = (key[0], types.Tuple(cell_types), numba.typeof(rng), vector, vector,
+            arguments = (key, types.Tuple(cell_types), numba.typeof(rng), vector, vector,
                          vector, vector, f64, f64, f64, matrix, types.boolean, types.int64,
                          f64, types.boolean)
             tree = _TREES[key] = numba.njit(arguments, cache=True)(build_tree)
