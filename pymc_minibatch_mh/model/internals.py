@@ -35,6 +35,8 @@ from pymc.logprob.utils import CheckParameterValue
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.mode import get_mode
 
+from pymc_minibatch_mh.model.function_cache import cached_build
+
 __all__ = [
     "MINIBATCH_OPS",
     "C_MODE",
@@ -86,14 +88,19 @@ def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, l
     the ops are logged. The same holds for ``"FAST_RUN"`` where it means Numba (the
     default linker of PyTensor 3). Returns the function and the names of those ops (empty when the
     requested backend was kept).
+
+    A second process with the same graph and mode loads the function from
+    :mod:`~pymc_minibatch_mh.model.function_cache` instead of rewriting the graph again.
     """
-    return build_without_object_mode(
+    fn, ops = cached_build(inputs, outputs, mode, lambda: build_without_object_mode(
         lambda m: pytensor.function(inputs, outputs, mode=m, on_unused_input="ignore"), mode,
-        outputs=outputs)
+        outputs=outputs, log=False))
+    _log_object_mode(ops)
+    return fn, ops
 
 
 def build_without_object_mode(build: Callable[[Any], Any], mode: Any,
-                              outputs: Any = None) -> tuple[Any, list[str]]:
+                              outputs: Any = None, log: bool = True) -> tuple[Any, list[str]]:
     """``build(mode)``, or ``build(C_MODE)`` if Numba's object mode would run some op.
 
     ``build`` compiles PyTensor functions: :func:`compile_function` builds one function
@@ -107,7 +114,7 @@ def build_without_object_mode(build: Callable[[Any], Any], mode: Any,
     elementwise).
 
     Returns what ``build`` returned and the names of the ops that had no Numba
-    implementation (empty when ``mode`` was kept).
+    implementation (empty when ``mode`` was kept); ``log`` logs those names.
     """
     if not uses_numba(mode):
         return build(mode), []
@@ -128,9 +135,15 @@ def build_without_object_mode(build: Callable[[Any], Any], mode: Any,
         if not ops:
             return built, []
     ops = sorted(set(ops))
-    _log.info("No Numba implementation of %s: a per-step function runs on PyTensor's C "
-              "backend instead of Numba's object mode.", ", ".join(ops))
+    if log:
+        _log_object_mode(ops)
     return build(C_MODE), ops
+
+
+def _log_object_mode(ops: list[str]) -> None:
+    if ops:
+        _log.info("No Numba implementation of %s: a per-step function runs on PyTensor's C "
+                  "backend instead of Numba's object mode.", ", ".join(ops))
 
 
 def object_mode_ops(outputs: Any) -> list[str]:

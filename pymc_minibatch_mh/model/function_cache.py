@@ -1,0 +1,274 @@
+"""Compiled PyTensor functions kept on disk, so a second process skips the graph rewriting.
+
+``pytensor.function`` spends most of a set-up's compile time rewriting the graph (0.3–2.5 s
+per function on the model zoo: canonicalising the second derivatives of ``gammaln`` and
+``digamma`` is the slowest), and neither PyTensor nor Numba keeps that work across
+processes: PyTensor's C module cache and Numba's cache are keyed by the graph *after* the
+rewrites. A compiled PyTensor ``Function`` pickles with its rewritten graph, and unpickling
+one links that graph without rewriting it again (PyTensor's ``no_fgraph_prep``), so the
+C modules and Numba functions come from their own caches.
+
+:func:`cached_build` keeps such pickles under PyTensor's ``compiledir``, keyed by
+:func:`graph_key`: a digest of the graph's structure (the ops' pickles, the inputs' and
+outputs' types, the constants' bytes; not the variables' names or counters, which differ
+from process to process), the mode, PyTensor's settings and the versions of Python,
+NumPy, PyTensor and Numba. A shared variable (``pm.Data``, an estimator's expansion
+point) counts by its type and place, not its value: a loaded function is copied onto the
+caller's shared variables, so ``pm.set_data`` reaches it as it reaches a compiled one. A
+graph whose constants and shared values exceed :data:`MAX_CONSTANT_BYTES` is compiled
+without the cache (at that size the passes over the data, not the rewrites, are the
+set-up's cost).
+
+A cache entry that cannot be read is deleted and the function compiled as without the
+cache (logged). ``PYMC_MINIBATCH_MH_FUNCTION_CACHE=0`` turns the cache off;
+:func:`cache_dir` names the folder (delete it to clear the cache), and
+``PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR`` moves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytensor
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.traversal import graph_inputs
+
+__all__ = ["MAX_CONSTANT_BYTES", "MAX_CACHE_BYTES", "cache_dir", "cache_enabled",
+           "cached_build", "graph_key"]
+
+_log = logging.getLogger("pymc_minibatch_mh")
+
+#: Graphs whose constants hold more bytes than this are compiled without the cache.
+MAX_CONSTANT_BYTES = 16 * 2**20
+#: The folder is pruned, oldest entries first, to this size after each write.
+MAX_CACHE_BYTES = 512 * 2**20
+_ENV = "PYMC_MINIBATCH_MH_FUNCTION_CACHE"
+
+
+def cache_enabled() -> bool:
+    """Whether :func:`cached_build` reads and writes the cache (``PYMC_MINIBATCH_MH_FUNCTION_CACHE``)."""
+    return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """The cache's folder: ``PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR``, or one inside
+    PyTensor's ``compiledir``."""
+    folder = os.environ.get(_ENV + "_DIR")
+    if folder:
+        return Path(folder)
+    return Path(pytensor.config.compiledir) / "pymc_minibatch_mh_functions"
+
+
+def _environment() -> bytes:
+    try:
+        import numba
+        numba_version = numba.__version__
+    except ImportError:  # pragma: no cover - numba is a dependency of both lines
+        numba_version = ""
+    # PyTensor's settings, each "name (choices) Value: value" block of its printout
+    # reduced to name and value (the choices are a set, printed in a per-process order)
+    blocks = pytensor.config.__str__(print_doc=False).split("\n\n")
+    settings = [(b.split(" ", 1)[0], b.rsplit("Value:", 1)[-1].strip())
+                for b in blocks if "Value:" in b]
+    return repr((sys.version, np.__version__, pytensor.__version__, numba_version,
+                 settings)).encode()
+
+
+def _shared_roots(inputs: list[Any], outs: list[Any]) -> list[Any] | None:
+    """The graph's shared variables, in a traversal order that depends on its structure only.
+
+    ``None`` when a root is neither an input, a constant nor a shared variable (a missing
+    input, which ``pytensor.function`` refuses).
+    """
+    explicit = set(inputs)
+    shared = []
+    for root in graph_inputs(outs):
+        if root in explicit or (isinstance(root, Constant)
+                                and not isinstance(root, SharedVariable)):
+            continue
+        if not isinstance(root, SharedVariable):
+            return None
+        shared.append(root)
+    return shared
+
+
+def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
+    """A digest of the function ``pytensor.function(inputs, outputs, mode=mode)`` would be.
+
+    Shared variables count by their type and their place in the graph, not their value
+    (:func:`cached_build` points a loaded function at the caller's). ``None`` when the
+    function must not be cached: the graph's constants and shared values exceed
+    :data:`MAX_CONSTANT_BYTES`, or an op does not pickle.
+    """
+    outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    if not all(isinstance(v, Variable) for v in [*inputs, *outs]):
+        return None  # In/Out wrappers: not this cache's case
+    shared = _shared_roots(inputs, outs)
+    if shared is None:
+        return None
+    stored_bytes = sum(np.asarray(v.get_value(borrow=True)).nbytes for v in shared)
+    if stored_bytes > MAX_CONSTANT_BYTES:
+        return None  # the pickle holds the shared values too
+    fg = FunctionGraph([*inputs, *shared], outs, clone=True)
+    # a Merkle digest: each variable's digest is its op's and its inputs' digests, so the
+    # key does not depend on the order in which independent nodes are visited (which
+    # follows Python's per-process string hashing)
+    digest = {v: _sha(_describe(("input", i, v.type))) for i, v in enumerate(fg.inputs)}
+    try:
+        for node in fg.toposort():
+            for v in node.inputs:
+                if v not in digest:  # a constant: the roots were checked above
+                    data = np.asarray(v.data)
+                    stored_bytes += data.nbytes
+                    if stored_bytes > MAX_CONSTANT_BYTES:
+                        return None
+                    digest[v] = _constant_digest(v, data)
+            node_digest = _sha(_describe((node.op, [o.type for o in node.outputs])),
+                               *(digest[v] for v in node.inputs))
+            for i, o in enumerate(node.outputs):
+                digest[o] = _sha(node_digest, str(i).encode())
+        for v in fg.outputs:
+            if v not in digest:  # an output that is a constant
+                digest[v] = _constant_digest(v, np.asarray(v.data))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        _log.debug("Function cache: a graph does not pickle (%s); compiled without it.", exc)
+        return None
+    head = _describe((repr(mode), isinstance(outputs, list | tuple), len(inputs)))
+    return _sha(_environment(), head, *(digest[v] for v in fg.outputs)).hex()
+
+
+def _sha(*parts: bytes) -> bytes:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.digest()
+
+
+def _constant_digest(v: Any, data: np.ndarray) -> bytes:
+    if data.dtype.hasobject:
+        return _sha(_describe(("constant", v.type, v.data)))
+    return _sha(_describe(("constant", v.type, data.dtype.str, data.shape)),
+                np.ascontiguousarray(data).view(np.uint8).data)
+
+
+def _describe(x: Any) -> bytes:
+    """Bytes that tell ``x`` (an op, a type, their parameters) apart by what it means.
+
+    Ops and types are described by their class and ``__props__``, the parameters by which
+    PyTensor itself tells two of them apart, not by their pickles: an op used in an
+    earlier compilation of the process carries caches (an ``All`` its ``_ufunc``) that
+    would change its pickle. Anything else is pickled.
+    """
+    return pickle.dumps(_canonical(x))
+
+
+def _canonical(x: Any) -> Any:
+    if isinstance(x, str | bytes | int | float | bool | type(None)):
+        return x
+    if isinstance(x, type):
+        return ("class", x.__module__, x.__qualname__)
+    props = getattr(type(x), "__props__", None)
+    if isinstance(props, tuple):
+        return ("props", type(x).__module__, type(x).__qualname__,
+                tuple(_canonical(getattr(x, p)) for p in props))
+    if isinstance(x, dict):
+        return ("dict", tuple(sorted((repr(_canonical(k)), _canonical(v))
+                                     for k, v in x.items())))
+    if isinstance(x, set | frozenset):
+        return ("set", tuple(sorted(repr(_canonical(e)) for e in x)))
+    if isinstance(x, list | tuple):
+        return (type(x).__name__, tuple(_canonical(e) for e in x))
+    if isinstance(x, np.dtype | np.generic):
+        return ("numpy", repr(x))
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    name = getattr(x, "__qualname__", None)  # a module-level function or class attribute
+    if callable(x) and isinstance(name, str) and "<" not in name:  # not a lambda or closure
+        return ("callable", getattr(x, "__module__", ""), name)
+    return ("pickle", pickle.dumps(x))
+
+
+def cached_build(inputs: list[Any], outputs: Any, mode: Any,
+                 build: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``build()``, or what it returned for the same graph and mode in an earlier process.
+
+    ``build`` compiles ``pytensor.function(inputs, outputs, mode=mode, ...)`` and returns
+    a tuple whose first item is that function (the rest must pickle). A loaded function
+    is copied onto the caller's shared variables (``Function.copy(swap=...)``), so it
+    reads their values at every call as the compiled one would.
+    """
+    if not cache_enabled():
+        return build()
+    key = graph_key(inputs, outputs, mode)
+    if key is None:
+        return build()
+    outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    shared = _shared_roots(inputs, outs)
+    path = cache_dir() / f"{key}.pkl"
+    if path.exists():
+        try:
+            with path.open("rb") as f:
+                built, places = pickle.load(f)
+            fn = built[0]
+            if places:
+                fn = fn.copy(swap={fn.maker.inputs[i].variable: shared[k]
+                                   for k, i in enumerate(places) if i is not None})
+            os.utime(path)
+            _log.debug("Function cache: loaded %s.", path.name)
+            return (fn, *built[1:])
+        except Exception as exc:  # noqa: BLE001 - any unreadable entry is dropped
+            _log.info("Function cache: %s could not be read (%s: %s); it is deleted and "
+                      "the function compiled again.", path, type(exc).__name__, exc)
+            path.unlink(missing_ok=True)
+    built = build()
+    # where each shared variable sits among the compiled function's inputs
+    variables = [i.variable for i in built[0].maker.inputs]
+    places = [next((j for j, v in enumerate(variables) if v is s), None) for s in shared]
+    _store(path, (built, places))
+    return built
+
+
+def _store(path: Path, built: Any) -> None:
+    try:
+        data = pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - a function that does not pickle is not cached
+        _log.debug("Function cache: not stored (%s: %s).", type(exc).__name__, exc)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _log.info("Function cache: %s could not be written (%s).", path, exc)
+        Path(tmp).unlink(missing_ok=True)
+        return
+    _prune(path.parent)
+
+
+def _prune(folder: Path) -> None:
+    entries = []
+    for p in folder.glob("*.pkl"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in entries)
+    for _, size, p in sorted(entries, key=lambda e: e[0]):
+        if total <= MAX_CACHE_BYTES:
+            break
+        p.unlink(missing_ok=True)
+        total -= size
