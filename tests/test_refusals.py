@@ -89,6 +89,29 @@ def test_whole_data_summaries_small_n(kind, n):
             build(batch_size=1)
 
 
+@pytest.mark.parametrize("kind", ["mean", "sort", "standardise"])
+def test_whole_data_summaries_large_n(kind, monkeypatch):
+    """From VALIDATION_C_ROWS rows on, the model's own terms (the split's reference) are
+    compiled for C instead of FAST_COMPILE: the check refuses the same models there."""
+    import pymc_minibatch_mh.model.likelihood as likelihood
+
+    assert likelihood.validation_mode(likelihood.VALIDATION_C_ROWS) == likelihood.C_MODE
+    assert likelihood.validation_mode(likelihood.VALIDATION_C_ROWS - 1) == "FAST_COMPILE"
+    monkeypatch.setattr(likelihood, "VALIDATION_C_ROWS", 2_000)
+    modes = []
+    real = likelihood.MinibatchLikelihood.compile
+
+    def compile_(self, inputs, outputs, mode=None):
+        modes.append(mode)
+        return real(self, inputs, outputs, mode)
+
+    monkeypatch.setattr(likelihood.MinibatchLikelihood, "compile", compile_)
+    with _whole_data_model(kind, 3_000, coefficient=kind == "mean"):
+        with pytest.raises(ModelNotSupportedError, match=SPLIT):
+            build()
+    assert likelihood.C_MODE in modes
+
+
 @pytest.mark.parametrize("kind", ["mean", "cumsum"])
 def test_whole_data_summary_hidden_at_start_point(kind):
     """Regression: ``b * (x - x.mean())`` with b = 0 at the start point matched there;
