@@ -57,7 +57,11 @@ _ENV = "PYMC_MINIBATCH_MH_FUNCTION_CACHE"
 
 
 def cache_enabled() -> bool:
-    """Whether :func:`cached_build` reads and writes the cache (``PYMC_MINIBATCH_MH_FUNCTION_CACHE``)."""
+    """Whether :func:`cached_build` reads and writes the cache.
+
+    ``PYMC_MINIBATCH_MH_FUNCTION_CACHE`` set to ``0``, ``false``, ``no`` or ``off``
+    turns it off.
+    """
     return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
