@@ -9,15 +9,15 @@ one links that graph without rewriting it again (PyTensor's ``no_fgraph_prep``),
 C modules and Numba functions come from their own caches.
 
 :func:`cached_build` keeps such pickles under PyTensor's ``compiledir``, keyed by
-:func:`graph_key`: a digest of the graph's structure (the ops' pickles, the inputs' and
-outputs' types, the constants' bytes; not the variables' names or counters, which differ
-from process to process), the mode, PyTensor's settings and the versions of Python,
-NumPy, PyTensor and Numba. A shared variable (``pm.Data``, an estimator's expansion
-point) counts by its type and place, not its value: a loaded function is copied onto the
-caller's shared variables, so ``pm.set_data`` reaches it as it reaches a compiled one. A
-graph whose constants and shared values exceed :data:`MAX_CONSTANT_BYTES` is compiled
-without the cache (at that size the passes over the data, not the rewrites, are the
-set-up's cost).
+:func:`graph_key`: a digest of the graph's structure (ops and types by class and
+``__props__``, constants by their bytes; not the variables' names or counters, nor the
+ops' own caches, which differ from process to process), the mode, PyTensor's settings
+and the versions of Python, NumPy, PyTensor and Numba. A shared variable (``pm.Data``, an
+estimator's expansion point) counts by its type and place, not its value: a loaded
+function is copied onto the caller's shared variables, so ``pm.set_data`` reaches it as
+it reaches a compiled one. A graph whose constants and shared values exceed
+:data:`MAX_CONSTANT_BYTES` is compiled without the cache (at that size the passes over
+the data, not the rewrites, are the set-up's cost).
 
 A cache entry that cannot be read is deleted and the function compiled as without the
 cache (logged). ``PYMC_MINIBATCH_MH_FUNCTION_CACHE=0`` turns the cache off;
@@ -115,15 +115,20 @@ def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
     function must not be cached: the graph's constants and shared values exceed
     :data:`MAX_CONSTANT_BYTES`, or an op does not pickle.
     """
+    return _key_and_shared(inputs, outputs, mode)[0]
+
+
+def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any) -> tuple[str | None, list[Any]]:
+    """:func:`graph_key` and the graph's shared variables (:func:`_shared_roots`)."""
     outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
     if not all(isinstance(v, Variable) for v in [*inputs, *outs]):
-        return None  # In/Out wrappers: not this cache's case
+        return None, []  # In/Out wrappers: not this cache's case
     shared = _shared_roots(inputs, outs)
     if shared is None:
-        return None
+        return None, []
     stored_bytes = sum(np.asarray(v.get_value(borrow=True)).nbytes for v in shared)
     if stored_bytes > MAX_CONSTANT_BYTES:
-        return None  # the pickle holds the shared values too
+        return None, shared  # the pickle holds the shared values too
     fg = FunctionGraph([*inputs, *shared], outs, clone=True)
     # a Merkle digest: each variable's digest is its op's and its inputs' digests, so the
     # key does not depend on the order in which independent nodes are visited (which
@@ -136,7 +141,7 @@ def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
                     data = np.asarray(v.data)
                     stored_bytes += data.nbytes
                     if stored_bytes > MAX_CONSTANT_BYTES:
-                        return None
+                        return None, shared
                     digest[v] = _constant_digest(v, data)
             node_digest = _sha(_describe((node.op, [o.type for o in node.outputs])),
                                *(digest[v] for v in node.inputs))
@@ -147,9 +152,9 @@ def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
                 digest[v] = _constant_digest(v, np.asarray(v.data))
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         _log.debug("Function cache: a graph does not pickle (%s); compiled without it.", exc)
-        return None
+        return None, shared
     head = _describe((repr(mode), isinstance(outputs, list | tuple), len(inputs)))
-    return _sha(_environment(), head, *(digest[v] for v in fg.outputs)).hex()
+    return _sha(_environment(), head, *(digest[v] for v in fg.outputs)).hex(), shared
 
 
 def _sha(*parts: bytes) -> bytes:
@@ -214,11 +219,9 @@ def cached_build(inputs: list[Any], outputs: Any, mode: Any,
     """
     if not cache_enabled():
         return build()
-    key = graph_key(inputs, outputs, mode)
+    key, shared = _key_and_shared(inputs, outputs, mode)
     if key is None:
         return build()
-    outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
-    shared = _shared_roots(inputs, outs)
     path = cache_dir() / f"{key}.pkl"
     if path.exists():
         try:

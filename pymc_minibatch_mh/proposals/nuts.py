@@ -27,11 +27,12 @@ step-size jitter and adaptation, the mass matrix's adaptation); the trajectory i
 PyMC's tree compiled with Numba (:mod:`~pymc_minibatch_mh.proposals.nuts_tree`), one call
 per iteration that evaluates π̃ at its leapfrog steps through the same compiled density
 (the same proposals as PyMC's tree, to rounding: with the changes below, 0.36–0.49 →
-about 0.23 ms per transition all in on the zoo's random intercepts). Where π̃'s density could not be compiled with Numba (an
-operation without a Numba implementation), PyMC's tree in Python builds the trajectories,
-and the step says so with a warning at construction. A dense mass matrix's momenta are
-drawn through LAPACK directly (:func:`~pymc_minibatch_mh.model.internals.fast_momentum`:
-the same draws, about 10 µs less each).
+about 0.23 ms per transition all in on the zoo's random intercepts). Where π̃'s density
+could not be compiled with Numba (an operation without a Numba implementation), PyMC's
+tree in Python builds the trajectories, and the step says so with a warning at
+construction. A dense mass matrix's momenta are drawn through LAPACK directly
+(:func:`~pymc_minibatch_mh.model.internals.fast_momentum`: the same draws, about 10 µs
+less each).
 
 Evaluations: π̃ is evaluated at NUTS's leapfrog steps only. PyMC's NUTS asks for the
 density and gradient at its start point, which the state carries from the transition that
