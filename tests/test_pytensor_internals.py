@@ -16,7 +16,9 @@ the step giving silently wrong numbers), one test per fact:
 - PyTensor's Numba backend says "Numba will use object mode to run ...'s perform method"
   for an op without a Numba implementation (``compile_function`` reads it to use the C
   backend instead);
-- the scalar op classes the decomposition of the per-row quantities recognises.
+- the scalar op classes the decomposition of the per-row quantities recognises;
+- PyMC's terms of ``pt.dot`` of a float32 design and float64 coefficients hold PyTensor's
+  ``Dot``, which the split's reference runs as ``UpcastDot``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pytensor.compile.mode import Mode
 from pytensor.graph.traversal import ancestors
 
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
-from pymc_minibatch_mh.model.graph import checks_as_ninf, has_op
+from pymc_minibatch_mh.model.graph import UpcastDot, checks_as_ninf, has_op, reference_graph
 from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import (
     C_MODE,
@@ -350,3 +352,37 @@ def test_no_function_runs_in_numba_object_mode(monkeypatch):
     monkeypatch.setattr(pytensor, "function", noisy)
     with pytest.warns(UserWarning, match="a warning of the compilation"):
         compile_function([x], pt.psi(x), "NUMBA")
+
+
+def test_reference_graph_converts_float32_products_in_blocks():
+    """The float32 design's product in a model's terms is PyTensor's ``Dot``; the split's
+    reference has ``UpcastDot`` instead and the data as shared variables, with the same
+    values. The product's rows span several blocks (1,024 rows each at d = 300), the last
+    one short; ``UpcastDot`` also takes the narrower factor on the right."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+    from pytensor.tensor.math import Dot
+
+    rng = np.random.default_rng(3)
+    n, d = 2 * 1024 + 3, 300
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0, shape=d)
+        pm.Normal("y", pt.dot(x, b), 1.0, observed=rng.normal(size=n))
+    terms = model.logp(vars=model.observed_RVs, sum=False)
+    assert has_op(terms, (Dot,))
+    data = [v for v in graph_inputs(terms) if isinstance(v, Constant) and v.ndim >= 1]
+    ref = reference_graph(terms, data)
+    assert has_op(ref, (UpcastDot,)) and not has_op(ref, (Dot,))
+    assert not [v for v in graph_inputs(ref) if isinstance(v, Constant) and v.ndim >= 1]
+    shared = [v for v in graph_inputs(ref) if isinstance(v, SharedVariable)]
+    assert any(v.get_value(borrow=True) is x for v in shared)  # not copied
+    value = {model.rvs_to_values[b]: np.linspace(-1.0, 1.0, d)}
+    expected = pytensor.function([], terms[0], givens=value)()
+    got = pytensor.function([], ref[0], givens=value, mode="FAST_COMPILE")()
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=0)
+    coefs = pt.matrix("c", dtype="float64")
+    right = pytensor.function([coefs], UpcastDot()(coefs, pt.as_tensor(x.T)))
+    c = rng.normal(size=(2, d))
+    np.testing.assert_allclose(right(c), c @ x.T.astype(np.float64), rtol=1e-13)

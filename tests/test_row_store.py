@@ -21,7 +21,7 @@ from conftest import sample_kwargs
 from pymc_minibatch_mh import AustereMH, ExactMH, MHSubLhd, MinibatchBarker
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore
+from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore, pass_rows
 
 
 def normal_mean_model(y):
@@ -97,6 +97,35 @@ def test_store_reads_the_data_at_every_chain_start_and_checks_lengths():
         pm.set_data({"x": rng.normal(size=40)})  # y_obs keeps 2·2^18 + 7 rows
     with pytest.raises(ModelNotSupportedError, match="different numbers of rows"):
         step._start_chain(np.random.default_rng(0))
+
+
+def test_pass_rows_keep_a_call_near_two_mebibytes_of_float64():
+    assert pass_rows([np.empty((7, 100), np.float32), np.empty(7, np.int64)]) == 2048
+    assert pass_rows([np.empty(7)]) == FULL_PASS_CHUNK  # narrow rows: the read block
+    assert pass_rows([np.empty((7, 10**5), np.float32)]) == 1024  # wide rows: the floor
+
+
+def test_full_pass_of_wide_rows_in_calls_of_pass_rows():
+    """A pass over wide float32 rows: calls of 1,024 rows, the last one shorter, every row
+    once and in order, views of the model's arrays; the sum is the model's own."""
+    rng = np.random.default_rng(5)
+    n, d = 3 * 1024 + 5, 300
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    y = rng.integers(0, 2, size=n)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0, shape=d)
+        pm.Bernoulli("y", logit_p=pm.math.dot(x, b) / 30.0, observed=y)
+        step = MinibatchBarker(batch_size=50)
+    store = step.likelihood.store
+    (i,) = [k for k, a in enumerate(store.arrays) if a.dtype == np.float32]
+    chunks = list(store.chunks())
+    assert [c[i].shape[0] for c in chunks] == [1024, 1024, 1024, 5]
+    assert all(np.shares_memory(c[i], x) for c in chunks)
+    np.testing.assert_array_equal(np.concatenate([c[i] for c in chunks]), x)
+    point = {"b": np.linspace(-1.0, 1.0, d)}
+    expected = model.compile_logp(vars=model.observed_RVs)(point)
+    got = step.likelihood.full_loglik(point["b"]).sum()
+    assert got == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.slow

@@ -51,9 +51,11 @@ def validation_mode(n_rows: int) -> str:
 
     ``"FAST_COMPILE"`` compiles in about 0.1 s but runs its ops in Python, one NumPy call
     each: measured on the zoo's Student-t at N = 10⁶, 2.3 s per evaluation, against
-    0.01 s compiled for C (1.6 s to compile, rewrites included). With the data in the
-    graph as constants, Numba would copy them into its compiled code, so the large case
-    goes to C (:data:`~pymc_minibatch_mh.model.internals.C_MODE`) on both PyTensor lines.
+    0.01 s compiled for C (1.6 s to compile, rewrites included). The large case goes to C
+    (:data:`~pymc_minibatch_mh.model.internals.C_MODE`) on both PyTensor lines, where the
+    graph's products of a float32 design run as
+    :class:`~pymc_minibatch_mh.model.graph.UpcastDot` (see
+    :func:`~pymc_minibatch_mh.model.graph.reference_graph`).
     """
     return C_MODE if n_rows >= VALIDATION_C_ROWS else "FAST_COMPILE"
 
@@ -138,7 +140,7 @@ class MinibatchLikelihood:
         self._rows_fn = self.compile([g.flat, *g.data], g.row_loglik)
         self._prior_grad_fn: Any = None
         # The model's own terms on all rows (not split): the reference for validation,
-        # not kept (its graph holds the model's data as constants).
+        # not kept after it.
         model_fn = self.compile([g.flat], g.full_loglik, mode=validation_mode(split.n_rows))
         validate_split(
             model, point, n_rows=split.n_rows, set_point=self._set_point,

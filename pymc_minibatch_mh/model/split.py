@@ -38,6 +38,7 @@ from pymc_minibatch_mh.model.graph import (
     is_data,
     leading_length,
     observed_source,
+    reference_graph,
     shape_constant_replacements,
 )
 from pymc_minibatch_mh.model.pointmap import PointMap
@@ -194,7 +195,9 @@ def split_model(
 
     sliced = clone_replace(list(terms), replacements, rows=(n, n_batch))
     row_loglik = _per_row(clone_replace(sliced, {**value_repl, **other_repl}))
-    full_loglik = _per_row(clone_replace(list(terms), {**value_repl, **other_repl}))
+    full_loglik = _per_row(
+        reference_graph(clone_replace(list(terms), {**value_repl, **other_repl}), row_vars)
+    )
 
     # Data-free part: priors with Jacobians, and Potentials.
     prior_terms = list(model.free_RVs) + list(model.potentials)

@@ -72,7 +72,7 @@ from numpy.typing import NDArray
 from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.errors import DataChangedError, DataStoreError
-from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore, cast_rows
+from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore, cast_rows, pass_chunks
 from pymc_minibatch_mh.store.sources import check_missing, is_dask
 
 __all__ = [
@@ -391,7 +391,7 @@ class DaskRowStore(RowStore):
         results = self._blockwise("a full pass", _apply, fn, args, self._casts)
         self._check_sums([sum_ for _, sum_ in results], "a full pass")
         self.check_unchanged()
-        return [result for result, _ in results]
+        return [part for result, _ in results for part in result]
 
     def _blockwise(self, what: str, task: Callable[..., Any], *args: Any) -> list[Any]:
         """``task(*args, start, *block)`` for each block of ``FULL_PASS_CHUNK`` rows.
@@ -408,7 +408,8 @@ class DaskRowStore(RowStore):
         return list(_compute(self._what(what), *tasks))
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
-        """A full pass, block by block, the next block computed while this one is used."""
+        """A full pass, block by block (the next block computed while this one is used), in
+        calls of :func:`~pymc_minibatch_mh.store.row_store.pass_rows` rows."""
         n = self.n_rows
         self.check_unchanged()
         bounds = [(start, min(n, start + size)) for start in range(0, n, size)]
@@ -423,7 +424,7 @@ class DaskRowStore(RowStore):
                 if k + 1 < len(bounds):
                     pending = compute(bounds[k + 1])
                 self._check_rows(chunk, slice(*bounds[k]), "a full pass")
-                yield self._cast(chunk) if self._casts else tuple(chunk)
+                yield from pass_chunks(self._cast(chunk) if self._casts else chunk)
         self.check_unchanged()
 
 
@@ -431,13 +432,14 @@ def _apply(fn: Callable[..., Any], args: tuple[Any, ...], casts: list[Any], star
            *block: NDArray[Any]) -> tuple[Any, int]:
     """One task of :meth:`DaskRowStore.reduce`: ``fn`` on a block, and its fingerprint sum.
 
-    ``fn`` gets the block cast as the store casts; the sum is of the block's row
-    fingerprints (:func:`row_fingerprint`). Arrays sent to a worker process may arrive
-    unaligned (see ``_aligned``).
+    ``fn`` gets the block cast as the store casts, in the store's calls of
+    :func:`~pymc_minibatch_mh.store.row_store.pass_rows` rows (a list of its results); the
+    sum is of the block's row fingerprints (:func:`row_fingerprint`). Arrays sent to a
+    worker process may arrive unaligned (see ``_aligned``).
     """
     args, block = _aligned(args), _aligned(block)
-    result = fn(*args, *(cast_rows(block, casts) if casts else block))
-    return result, int(row_fingerprint(*block).sum(dtype=np.int64))
+    parts = pass_chunks(cast_rows(block, casts) if casts else block)
+    return [fn(*args, *part) for part in parts], int(row_fingerprint(*block).sum(dtype=np.int64))
 
 
 def _look(names: list[str], start: int, *block: NDArray[Any]) -> NDArray[np.uint16]:

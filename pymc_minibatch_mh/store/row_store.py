@@ -15,9 +15,10 @@ store hands them out:
   (:class:`~pymc_minibatch_mh.core.rows.PartialShuffleRows`), O(rows) per step; from a
   ``.npy`` file only those rows are read;
 - :meth:`RowStore.rows`: rows by position;
-- :meth:`RowStore.chunks`: a full pass in chunks of :data:`FULL_PASS_CHUNK` rows (views
-  of arrays in memory; chunks of ``.npy`` files read with ``pread``), for the start-point
-  check, the MAP search, the control variates' sums and tests that need every row;
+- :meth:`RowStore.chunks`: a full pass in chunks of :func:`pass_rows` rows (views of
+  arrays in memory; ``.npy`` files read with ``pread`` in blocks of
+  :data:`FULL_PASS_CHUNK` rows), for the start-point check, the MAP search, the control
+  variates' sums and tests that need every row;
 - ``RowStore.n_rows``: N.
 
 Data given with ``data=`` carry a stamp (shape, file sizes and modification times),
@@ -40,10 +41,47 @@ from pymc_minibatch_mh.errors import DataChangedError, DataStoreError, ModelNotS
 from pymc_minibatch_mh.store.shuffled import BLOCK_ROWS, ShufflePlan, write_shuffled
 from pymc_minibatch_mh.store.sources import NpyFile, check_missing, open_source
 
-__all__ = ["FULL_PASS_CHUNK", "RowStore", "cast_rows", "data_value"]
+__all__ = [
+    "FULL_PASS_CHUNK",
+    "PASS_CALL_BYTES",
+    "RowStore",
+    "cast_rows",
+    "data_value",
+    "pass_chunks",
+    "pass_rows",
+]
 
-#: Rows per call when a whole pass over the data is evaluated (bounded memory).
+#: Rows read at a time in a full pass over the data (bounded memory), and the most rows of
+#: one call of a pass's compiled function.
 FULL_PASS_CHUNK = 1 << 18
+
+#: Bytes of one call's rows of a full pass, counted in float64 (:func:`pass_rows`).
+PASS_CALL_BYTES = 1 << 21
+
+
+def pass_rows(arrays: Sequence[NDArray[Any]]) -> int:
+    """Rows of one call of a full pass's compiled function: about :data:`PASS_CALL_BYTES`.
+
+    A power of two from 1,024 to :data:`FULL_PASS_CHUNK`, so that the rows of one call,
+    counted in float64, take about 2 MiB and the call's intermediates stay in the cache.
+    What this is for: a product of a float32 design with float64 coefficients converts the
+    design to float64 first (NumPy in PyTensor's ``Dot``, and PyTensor 3's Numba ``Dot``),
+    and on 2¹⁸ rows, d = 100 that conversion went through main memory. Measured at
+    N = 10⁶, d = 100, float32 (``bench_tall_glm.py``'s logistic data), the step built in
+    5.9 s with calls of 2¹⁸ rows and 4.2 s with 2,048 (PyTensor 2; 8.4 and 3.6 s on
+    PyTensor 3); with float64 data, d = 10 (16,384 rows a call), 1.2–1.6 s either way.
+    """
+    width = sum(8 * int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays)
+    rows = PASS_CALL_BYTES // max(width, 1)
+    return int(min(FULL_PASS_CHUNK, max(1 << 10, 1 << (int(rows).bit_length() - 1))))
+
+
+def pass_chunks(block: Sequence[NDArray[Any]]) -> Iterator[tuple[NDArray[Any], ...]]:
+    """A block of rows of a full pass in consecutive views of :func:`pass_rows` rows."""
+    n = block[0].shape[0] if block else 0
+    step = pass_rows(block)
+    for start in range(0, n, step):
+        yield tuple([a[start:start + step] for a in block])
 
 
 def data_value(var: Variable) -> np.ndarray:
@@ -348,7 +386,7 @@ class RowStore:
         return [fn(*args, *chunk) for chunk in self.chunks()]
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
-        """A full pass: consecutive chunks of at most ``size`` rows.
+        """A full pass: consecutive chunks of :func:`pass_rows` rows, read ``size`` at a time.
 
         Chunks of arrays in memory are views (no copy); chunks of ``.npy`` files (given
         with ``data=``, or local copies) are read with ``pread(2)``, one chunk at a time,
@@ -367,7 +405,7 @@ class RowStore:
             chunk = [read(start, stop) for read in self._slicers]
             for i in unchecked:
                 check_missing(self.name(i), chunk[i], start)
-            yield self._cast(chunk) if self._casts else tuple(chunk)
+            yield from pass_chunks(self._cast(chunk) if self._casts else chunk)
             if sourced:
                 self.release(start, stop)
         if sourced:
