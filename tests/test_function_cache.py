@@ -133,6 +133,34 @@ def test_loaded_function_reads_the_callers_shared_variable(cache, monkeypatch):
     np.testing.assert_allclose(fn(v)[1], np.exp(v) * [1.0, 2.0, 4.0] + [0.0, 1.0, 2.0])
 
 
+@pytest.mark.parametrize("mode", ["NUMBA", "CVM"])
+def test_shared_values_are_not_stored(cache, monkeypatch, mode):
+    """A shared variable of 8 MB (the data of the split's reference at large N) is cached
+    by its type: the entry holds an empty array in its place, the caller's value is intact
+    after the entry is written, and the loaded function reads the second caller's."""
+    rng = np.random.default_rng(0)
+
+    def graph(value):
+        s = pytensor.shared(value, borrow=True, shape=value.shape)
+        x = pt.vector("x")
+        return x, s, pt.dot(s, x)
+
+    first = rng.normal(size=(500_000, 2))
+    x, s, out = graph(first)
+    compiled = _counting(monkeypatch)
+    fn, _ = compile_function([x], out, mode)
+    (entry,) = cache.glob("*.pkl")
+    assert entry.stat().st_size < 200_000 < first.nbytes
+    assert s.get_value(borrow=True) is first
+    v = np.array([0.5, -2.0])
+    np.testing.assert_allclose(fn(v), first @ v)
+    second = rng.normal(size=first.shape)
+    x2, _, out2 = graph(second)
+    loaded, _ = compile_function([x2], out2, mode)
+    assert len(compiled) == 1
+    np.testing.assert_allclose(loaded(v), second @ v)
+
+
 def test_unreadable_entry_is_compiled_again(cache, monkeypatch, caplog):
     x, _, out = _graph()
     compile_function([x], out, "FAST_COMPILE")
@@ -148,7 +176,7 @@ def test_unreadable_entry_is_compiled_again(cache, monkeypatch, caplog):
 
 def test_what_is_not_cached(cache, monkeypatch):
     x, _, out = _graph()
-    monkeypatch.setattr(function_cache, "MAX_CONSTANT_BYTES", 16)   # 3 floats + 3 floats
+    monkeypatch.setattr(function_cache, "MAX_CONSTANT_BYTES", 16)   # a constant of 3 floats
     assert function_cache.graph_key([x], out, "NUMBA") is None
     monkeypatch.undo()
     monkeypatch.setenv("PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR", str(cache))

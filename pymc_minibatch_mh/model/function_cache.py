@@ -13,11 +13,11 @@ C modules and Numba functions come from their own caches.
 ``__props__``, constants by their bytes; not the variables' names or counters, nor the
 ops' own caches, which differ from process to process), the mode, PyTensor's settings
 and the versions of Python, NumPy, PyTensor and Numba. A shared variable (``pm.Data``, an
-estimator's expansion point) counts by its type and place, not its value: a loaded
-function is copied onto the caller's shared variables, so ``pm.set_data`` reaches it as
-it reaches a compiled one. A graph whose constants and shared values exceed
-:data:`MAX_CONSTANT_BYTES` is compiled without the cache (at that size the passes over
-the data, not the rewrites, are the set-up's cost).
+estimator's expansion point, the data of the split's reference) counts by its type and
+place, not its value, and its value is not stored (an empty array of its dtype stands in
+for it in the pickle): a loaded function is copied onto the caller's shared variables, so
+``pm.set_data`` reaches it as it reaches a compiled one. A graph whose constants exceed
+:data:`MAX_CONSTANT_BYTES` is compiled without the cache.
 
 A cache entry that cannot be read is deleted and the function compiled as without the
 cache (logged). ``PYMC_MINIBATCH_MH_FUNCTION_CACHE=0`` turns the cache off;
@@ -49,7 +49,8 @@ __all__ = ["MAX_CONSTANT_BYTES", "MAX_CACHE_BYTES", "cache_dir", "cache_enabled"
 
 _log = logging.getLogger("pymc_minibatch_mh")
 
-#: Graphs whose constants hold more bytes than this are compiled without the cache.
+#: Graphs whose constants hold more bytes than this are compiled without the cache (their
+#: digest and pickle would cost about what the rewrites do).
 MAX_CONSTANT_BYTES = 16 * 2**20
 #: The folder is pruned, oldest entries first, to this size after each write.
 MAX_CACHE_BYTES = 512 * 2**20
@@ -112,8 +113,8 @@ def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
 
     Shared variables count by their type and their place in the graph, not their value
     (:func:`cached_build` points a loaded function at the caller's). ``None`` when the
-    function must not be cached: the graph's constants and shared values exceed
-    :data:`MAX_CONSTANT_BYTES`, or an op does not pickle.
+    function must not be cached: the graph's constants exceed :data:`MAX_CONSTANT_BYTES`,
+    or an op does not pickle.
     """
     return _key_and_shared(inputs, outputs, mode)[0]
 
@@ -126,9 +127,7 @@ def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any) -> tuple[str | N
     shared = _shared_roots(inputs, outs)
     if shared is None:
         return None, []
-    stored_bytes = sum(np.asarray(v.get_value(borrow=True)).nbytes for v in shared)
-    if stored_bytes > MAX_CONSTANT_BYTES:
-        return None, shared  # the pickle holds the shared values too
+    stored_bytes = 0
     fg = FunctionGraph([*inputs, *shared], outs, clone=True)
     # a Merkle digest: each variable's digest is its op's and its inputs' digests, so the
     # key does not depend on the order in which independent nodes are visited (which
@@ -242,16 +241,30 @@ def cached_build(inputs: list[Any], outputs: Any, mode: Any,
     # where each shared variable sits among the compiled function's inputs
     variables = [i.variable for i in built[0].maker.inputs]
     places = [next((j for j, v in enumerate(variables) if v is s), None) for s in shared]
-    _store(path, (built, places))
+    _store(path, (built, places), [s for s, i in zip(shared, places, strict=True) if i is not None])
     return built
 
 
-def _store(path: Path, built: Any) -> None:
+def _store(path: Path, built: Any, swapped: list[Any]) -> None:
+    """Pickle ``built`` to ``path``, the values of the ``swapped`` shared variables left out.
+
+    A loaded function is copied onto the caller's shared variables, so their values in
+    the pickle would never be read: an empty array of each one's dtype stands in for it
+    while pickling (the data of the split's reference are hundreds of MB at N = 10⁶).
+    """
+    cells = [s.container.storage for s in swapped]
+    values = [cell[0] for cell in cells]
     try:
+        for cell, value in zip(cells, values, strict=True):
+            if isinstance(value, np.ndarray):
+                cell[0] = np.empty((0,) * value.ndim, dtype=value.dtype)
         data = pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - a function that does not pickle is not cached
         _log.debug("Function cache: not stored (%s: %s).", type(exc).__name__, exc)
         return
+    finally:
+        for cell, value in zip(cells, values, strict=True):
+            cell[0] = value
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
