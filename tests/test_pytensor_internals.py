@@ -18,7 +18,9 @@ the step giving silently wrong numbers), one test per fact:
   backend instead);
 - the scalar op classes the decomposition of the per-row quantities recognises;
 - PyMC's terms of ``pt.dot`` of a float32 design and float64 coefficients hold PyTensor's
-  ``Dot``, which the split's reference runs as ``UpcastDot``.
+  ``Dot``, which the split's reference runs as ``UpcastDot``;
+- PyTensor's ``vectorize_graph`` turns a vector product into one for every row of a
+  matrix (the set-up's Jacobians and Hessians in one call).
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ from pytensor.compile.mode import Mode
 from pytensor.graph.traversal import ancestors
 
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
-from pymc_minibatch_mh.model.graph import UpcastDot, checks_as_ninf, has_op, reference_graph
+from pymc_minibatch_mh.model.graph import (
+    UpcastDot,
+    batched_products,
+    checks_as_ninf,
+    has_op,
+    reference_graph,
+)
 from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import (
     C_MODE,
@@ -386,3 +394,29 @@ def test_reference_graph_converts_float32_products_in_blocks():
     right = pytensor.function([coefs], UpcastDot()(coefs, pt.as_tensor(x.T)))
     c = rng.normal(size=(2, d))
     np.testing.assert_allclose(right(c), c @ x.T.astype(np.float64), rtol=1e-13)
+
+
+def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
+    """Vector-Jacobian products of a non-linear map (its Jacobian is not symmetric, so a
+    transposed result fails), for every row of the identity at once; where PyTensor
+    cannot vectorise the graph, None and a log message (the callers then loop)."""
+    from pymc_minibatch_mh.model import graph
+
+    x, u = pt.vector("x"), pt.vector("u")
+    f = pt.stack([pt.exp(x[0]) * x[1], pt.log1p(x[1] ** 2) * x[2] ** 3, x[0] / (1 + x[2])])
+    vjp = pytensor.grad(pt.dot(u, f), x)
+    one = pytensor.function([x, u], vjp)
+    fn = batched_products([x], vjp, u, "test rows")
+    point = np.array([0.3, -1.2, 0.7])
+    eye = np.eye(3)
+    expected = np.array([one(point, e) for e in eye])
+    assert not np.allclose(expected, expected.T)
+    np.testing.assert_allclose(fn(point, eye), expected, rtol=1e-14)
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("no vectorised form")
+
+    monkeypatch.setattr(graph, "vectorize_graph", refuse)
+    with caplog.at_level("INFO", logger="pymc_minibatch_mh"):
+        assert batched_products([x], vjp, u, "test rows") is None
+    assert "test rows are computed one vector product at a time" in caplog.text

@@ -6,15 +6,18 @@ parameter checks into ``-inf``, and reading data variables.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.op import Op
+from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.basic import Alloc, AllocEmpty
@@ -27,6 +30,7 @@ from pymc_minibatch_mh.store.row_store import data_value, pass_rows
 
 __all__ = [
     "UpcastDot",
+    "batched_products",
     "checks_as_ninf",
     "clone_replace",
     "has_op",
@@ -37,6 +41,38 @@ __all__ = [
     "reference_graph",
     "shape_constant_replacements",
 ]
+
+
+_log = logging.getLogger("pymc_minibatch_mh")
+
+
+def batched_products(
+    inputs: list[Variable], output: Variable, vector: Variable, what: str
+) -> Any:
+    """``output``, linear in ``vector``, for every row of a matrix in one call.
+
+    Returns a function of ``(*inputs, matrix)`` whose row ``k`` is ``output`` at
+    ``vector = matrix[k]`` (PyTensor's ``vectorize_graph``), or None, with a log message
+    naming ``what``, where PyTensor cannot vectorise the graph (the caller then makes
+    one call per row). ``vector`` must not be among ``inputs``.
+
+    For the Jacobians and Hessians of the set-up's data-free parts, assembled from d
+    vector products at each Newton step of the MAP search. Compiled for PyTensor's
+    Python backend without rewrites: measured on the crossed random intercepts' curvature
+    (d = 125), 0.17 s as 125 calls of the ``FAST_COMPILE`` function, 0.13 s in one
+    ``FAST_COMPILE`` call (its rewrites merge products into three-input ones, which the
+    Python backend runs one element at a time), 0.010 s without rewrites (0.2 s to
+    compile), 0.2 ms with Numba after 0.6 s to compile.
+    """
+    matrix = pt.matrix(f"{vector.name or 'v'}_rows", dtype=vector.dtype)
+    try:
+        rows = vectorize_graph(output, replace={vector: matrix})
+    except Exception as exc:  # noqa: BLE001 - any op PyTensor cannot vectorise
+        _log.info("The %s are computed one vector product at a time: PyTensor could not "
+                  "vectorise the graph (%s: %s).", what, type(exc).__name__, exc)
+        return None
+    return pytensor.function([*inputs, matrix], rows, mode=Mode(linker="py", optimizer=None),
+                             on_unused_input="ignore")
 
 
 def observed_source(var: Variable) -> Variable:
