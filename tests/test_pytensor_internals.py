@@ -38,7 +38,7 @@ from pytensor.graph.traversal import ancestors
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
 from pymc_minibatch_mh.model.graph import (
     UpcastDot,
-    batched_products,
+    BatchedProducts,
     checks_as_ninf,
     has_op,
     reference_graph,
@@ -398,25 +398,38 @@ def test_reference_graph_converts_float32_products_in_blocks():
 
 def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
     """Vector-Jacobian products of a non-linear map (its Jacobian is not symmetric, so a
-    transposed result fails), for every row of the identity at once; where PyTensor
-    cannot vectorise the graph, None and a log message (the callers then loop)."""
+    transposed result fails): the first LOOP_PRODUCTS one call per row, then the batched
+    graph, the same numbers; where PyTensor cannot vectorise the graph, one call per row
+    throughout and a log message."""
     from pymc_minibatch_mh.model import graph
 
     x, u = pt.vector("x"), pt.vector("u")
     f = pt.stack([pt.exp(x[0]) * x[1], pt.log1p(x[1] ** 2) * x[2] ** 3, x[0] / (1 + x[2])])
     vjp = pytensor.grad(pt.dot(u, f), x)
     one = pytensor.function([x, u], vjp)
-    fn = batched_products([x], vjp, u, "test rows")
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return one(*args)
+
+    monkeypatch.setattr(graph, "LOOP_PRODUCTS", 6)
+    products = BatchedProducts([x], vjp, u, "test rows", counted)
     point = np.array([0.3, -1.2, 0.7])
     eye = np.eye(3)
     expected = np.array([one(point, e) for e in eye])
     assert not np.allclose(expected, expected.T)
-    np.testing.assert_allclose(fn(point, eye), expected, rtol=1e-14)
+    for _ in range(4):
+        np.testing.assert_allclose(products(point, eye), expected, rtol=1e-14)
+    assert len(calls) == 6 and products._batched  # two calls row by row, then batched
 
     def refuse(*args, **kwargs):
         raise NotImplementedError("no vectorised form")
 
     monkeypatch.setattr(graph, "vectorize_graph", refuse)
+    products = BatchedProducts([x], vjp, u, "test rows", counted)
     with caplog.at_level("INFO", logger="pymc_minibatch_mh"):
-        assert batched_products([x], vjp, u, "test rows") is None
+        for _ in range(4):
+            np.testing.assert_allclose(products(point, eye), expected, rtol=1e-14)
+    assert len(calls) == 6 + 12
     assert "test rows are computed one vector product at a time" in caplog.text

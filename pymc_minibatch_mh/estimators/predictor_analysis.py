@@ -26,7 +26,7 @@ from pymc_minibatch_mh.estimators.predictor import (
     analyse,
     coefficient_vector,
 )
-from pymc_minibatch_mh.model.graph import batched_products
+from pymc_minibatch_mh.model.graph import BatchedProducts
 from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
@@ -93,10 +93,10 @@ class PredictorAnalysis:
         self._vjp_fn = pytensor.function([flat, u], vjp, mode=fast, on_unused_input="ignore")
         self._hvp_fn = pytensor.function([flat, u, v], hvp, mode=fast,
                                          on_unused_input="ignore")
-        # the Jacobian's rows and the curvature's columns, each in one call
-        self._jacobian_fn = batched_products([flat], vjp, u, "coefficients' Jacobian rows")
-        self._curvature_fn = batched_products([flat, u], hvp, v,
-                                              "coefficients' curvature columns")
+        self._jacobian_rows = BatchedProducts([flat], vjp, u, "coefficients' Jacobian rows",
+                                              self._vjp_fn)
+        self._curvature_rows = BatchedProducts([flat, u], hvp, v,
+                                               "coefficients' curvature columns", self._hvp_fn)
         self._graphs = (flat, u, coef, vjp)  # compiled for speed on first per-step use
         self._step_fns: Any = None
         self.x0 = x0
@@ -114,12 +114,7 @@ class PredictorAnalysis:
 
     def jacobian(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """``∂c/∂θ`` at ``x``, shape ``(K, d)`` (K vector-Jacobian products; no data)."""
-        eye = np.eye(self.n_coef)
-        if self._jacobian_fn is not None:
-            return np.asarray(self._jacobian_fn(x, eye)).reshape(self.n_coef, x.size)
-        return np.array([self._vjp_fn(x, eye[k]) for k in range(self.n_coef)]).reshape(
-            self.n_coef, x.size
-        )
+        return self._jacobian_rows(x, np.eye(self.n_coef)).reshape(self.n_coef, x.size)
 
     def own_coordinates(self, x: NDArray[np.float64]) -> list[tuple[int, int, float, slice]]:
         """Each group's own coordinate: ``(k, m, slope, term)`` per group effect.
@@ -163,10 +158,7 @@ class PredictorAnalysis:
 
     def curvature(self, x: NDArray[np.float64], a: NDArray[np.float64]) -> NDArray[np.float64]:
         """``Σ_k a_k ∇²c_k(x)``, shape ``(d, d)`` (d Hessian-vector products; no data)."""
-        eye = np.eye(x.size)
-        if self._curvature_fn is not None:
-            return np.asarray(self._curvature_fn(x, a, eye)).T
-        return np.column_stack([self._hvp_fn(x, a, eye[j]) for j in range(x.size)])
+        return self._curvature_rows(x, a, np.eye(x.size)).T
 
     def is_affine(self) -> bool:
         """Whether every coefficient is affine in θ (checked at two points, fixed seed)."""

@@ -31,7 +31,7 @@ from scipy import optimize
 
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 from pymc_minibatch_mh.errors import ControlVariateError
-from pymc_minibatch_mh.model.graph import batched_products, checks_as_ninf
+from pymc_minibatch_mh.model.graph import BatchedProducts, checks_as_ninf
 from pymc_minibatch_mh.model.internals import compile_function
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
@@ -163,8 +163,9 @@ class TaylorPasses:
             what="the log prior, its gradient and a Hessian-vector product",
             trust_input=False,
         )
-        self._prior_hessian_fn = batched_products([flat], prior_hv, v,
-                                                  "log prior's Hessian columns")
+        self._prior_hessian_rows = BatchedProducts(
+            [flat], prior_hv, v, "log prior's Hessian columns", self._prior_hessian_column
+        )
 
     def _compile_fn(self, name: str, inputs: list[Any], outputs: Any, mode: str,
                     what: str, trust_input: bool = True) -> Any:
@@ -206,6 +207,10 @@ class TaylorPasses:
         """The per-chunk sum, gradient and Hessian of a full pass (first use compiles)."""
         return ChunkSums(self.value_grad_fn, self.hvp_fn, self.dim)
 
+    def _prior_hessian_column(self, x: NDArray[np.float64],
+                              v: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self._prior_all_fn(x, v)[2]
+
     def prior(
         self, x: NDArray[np.float64], hessian: bool = False
     ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
@@ -213,10 +218,8 @@ class TaylorPasses:
         eye = np.eye(self.dim)
         value, g, _ = self._prior_all_fn(x, eye[0])
         h = None
-        if hessian and self._prior_hessian_fn is not None:
-            h = np.asarray(self._prior_hessian_fn(x, eye)).T
-        elif hessian:
-            h = np.column_stack([self._prior_all_fn(x, eye[j])[2] for j in range(self.dim)])
+        if hessian:
+            h = self._prior_hessian_rows(x, eye).T
         return float(value), np.asarray(g), h
 
     def _full_pass(

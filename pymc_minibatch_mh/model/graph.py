@@ -29,8 +29,9 @@ from pymc_minibatch_mh.model.internals import is_ninf_check
 from pymc_minibatch_mh.store.row_store import data_value, pass_rows
 
 __all__ = [
+    "LOOP_PRODUCTS",
+    "BatchedProducts",
     "UpcastDot",
-    "batched_products",
     "checks_as_ninf",
     "clone_replace",
     "has_op",
@@ -46,33 +47,59 @@ __all__ = [
 _log = logging.getLogger("pymc_minibatch_mh")
 
 
-def batched_products(
-    inputs: list[Variable], output: Variable, vector: Variable, what: str
-) -> Any:
-    """``output``, linear in ``vector``, for every row of a matrix in one call.
+#: Vector products that :class:`BatchedProducts` makes one call at a time before it compiles
+#: their batched graph (about 0.1 s; one product of the set-up's functions costs
+#: 0.5–1.5 ms), so a model whose search needs few of them does not pay that compilation.
+LOOP_PRODUCTS: int = 64
 
-    Returns a function of ``(*inputs, matrix)`` whose row ``k`` is ``output`` at
-    ``vector = matrix[k]`` (PyTensor's ``vectorize_graph``), or None, with a log message
-    naming ``what``, where PyTensor cannot vectorise the graph (the caller then makes
-    one call per row). ``vector`` must not be among ``inputs``.
+
+class BatchedProducts:
+    """``output``, linear in ``vector``, for every row of a matrix.
+
+    ``products(*args, matrix)`` returns an array whose row ``k`` is ``output`` at the
+    ``inputs`` ``args`` and ``vector = matrix[k]``. The first :data:`LOOP_PRODUCTS`
+    products are made by ``one(*args, row)``, one call per row; after that in one call
+    of the batched graph (PyTensor's ``vectorize_graph``), unless PyTensor cannot
+    vectorise it (then one call per row throughout, with a log message naming ``what``).
 
     For the Jacobians and Hessians of the set-up's data-free parts, assembled from d
-    vector products at each Newton step of the MAP search. Compiled for PyTensor's
-    Python backend without rewrites: measured on the crossed random intercepts' curvature
-    (d = 125), 0.17 s as 125 calls of the ``FAST_COMPILE`` function, 0.13 s in one
-    ``FAST_COMPILE`` call (its rewrites merge products into three-input ones, which the
-    Python backend runs one element at a time), 0.010 s without rewrites (0.2 s to
-    compile), 0.2 ms with Numba after 0.6 s to compile.
+    vector products at each Newton step of the MAP search. The batched graph is compiled
+    for PyTensor's Python backend without rewrites: measured on the crossed random
+    intercepts' curvature (d = 125), 0.17 s as 125 calls of the ``FAST_COMPILE``
+    function, 0.13 s in one ``FAST_COMPILE`` call (its rewrites merge products into
+    three-input ones, which the Python backend runs one element at a time), 0.010 s
+    without rewrites (0.1–0.2 s to compile), 0.2 ms with Numba after 0.6 s to compile.
     """
-    matrix = pt.matrix(f"{vector.name or 'v'}_rows", dtype=vector.dtype)
-    try:
-        rows = vectorize_graph(output, replace={vector: matrix})
-    except Exception as exc:  # noqa: BLE001 - any op PyTensor cannot vectorise
-        _log.info("The %s are computed one vector product at a time: PyTensor could not "
-                  "vectorise the graph (%s: %s).", what, type(exc).__name__, exc)
-        return None
-    return pytensor.function([*inputs, matrix], rows, mode=Mode(linker="py", optimizer=None),
-                             on_unused_input="ignore")
+
+    def __init__(self, inputs: list[Variable], output: Variable, vector: Variable,
+                 what: str, one: Callable[..., Any]) -> None:
+        self._graph = (list(inputs), output, vector)
+        self.what = what
+        self._one = one
+        self._made = 0
+        self._batched: Any = None
+
+    def __call__(self, *args: Any) -> np.ndarray:
+        *inputs, matrix = args
+        if self._batched is None and self._made >= LOOP_PRODUCTS:
+            self._batched = self._compile() or False
+        if self._batched:
+            return np.asarray(self._batched(*inputs, matrix))
+        self._made += len(matrix)
+        return np.array([np.asarray(self._one(*inputs, row)) for row in matrix])
+
+    def _compile(self) -> Any:
+        inputs, output, vector = self._graph
+        matrix = pt.matrix(f"{vector.name or 'v'}_rows", dtype=vector.dtype)
+        try:
+            rows = vectorize_graph(output, replace={vector: matrix})
+        except Exception as exc:  # noqa: BLE001 - any op PyTensor cannot vectorise
+            _log.info("The %s are computed one vector product at a time: PyTensor could "
+                      "not vectorise the graph (%s: %s).", self.what, type(exc).__name__, exc)
+            return None
+        return pytensor.function([*inputs, matrix], rows,
+                                 mode=Mode(linker="py", optimizer=None),
+                                 on_unused_input="ignore")
 
 
 def observed_source(var: Variable) -> Variable:
