@@ -300,9 +300,6 @@ class UpcastDot(Op):
         a, b = inputs
         output_storage[0][0] = _upcast_product(a, b, np.dtype(node.outputs[0].type.dtype))
 
-    def infer_shape(self, fgraph: Any, node: Apply, shapes: list[Any]) -> list[Any]:
-        return [(shapes[0][0], shapes[1][1])]
-
 
 def _upcast_product(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``a @ b`` in ``dtype``, the narrower factor converted in blocks of rows."""
