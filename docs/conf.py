@@ -62,6 +62,8 @@ nitpick_ignore = [
     ("py:class", "abc.ABC"),
     # NumPy's Generator, the base of BufferedGenerator (its private module path).
     ("py:class", "numpy.random._generator.Generator"),
+    # PyTensor's Op, the base of UpcastDot (no intersphinx, see above).
+    ("py:class", "pytensor.graph.op.Op"),
     # The private base class of the surrogate MALA and HMC proposals.
     ("py:class", "pymc_minibatch_mh.proposals.gradient._WhitenedGradientProposal"),
 ]

@@ -293,10 +293,12 @@ class UpcastDot(Op):
     __props__ = ()
 
     def make_node(self, a: Variable, b: Variable) -> Apply:
+        """The node of ``a @ b``, typed as PyTensor's ``Dot`` types it."""
         out = Dot()(a, b)
         return Apply(self, [a, b], [out.type()])
 
     def perform(self, node: Apply, inputs: list[Any], output_storage: list[Any]) -> None:
+        """The product of the two inputs, in the output's dtype."""
         a, b = inputs
         output_storage[0][0] = _upcast_product(a, b, np.dtype(node.outputs[0].type.dtype))
 
