@@ -545,7 +545,7 @@ def test_passes_compile_on_first_use_and_name_a_failed_compile(monkeypatch):
         raise RuntimeError("no backend")
 
     passes = TaylorPasses(MinibatchLikelihood(model, model.value_vars), "MinibatchBarker")
-    monkeypatch.setattr(reference_module, "compile_function", broken)
+    monkeypatch.setattr(reference_module, "compile_derived", broken)
     for _ in range(2):  # the same clear error each time, not an AttributeError
         with pytest.raises(ControlVariateError, match=r"function value_grad_fn .*"
                            r"RuntimeError: no backend.*control_variate=None"):

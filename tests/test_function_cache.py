@@ -24,7 +24,7 @@ import pytest
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model import function_cache
 from pymc_minibatch_mh.model.compat import posterior
-from pymc_minibatch_mh.model.internals import compile_function
+from pymc_minibatch_mh.model.internals import compile_derived, compile_function
 
 from conftest import sample_kwargs
 
@@ -220,3 +220,82 @@ def test_same_draws_with_the_cache_cold_and_warm(cache, monkeypatch):
     assert len(compiled) - n_cold < n_cold       # the cached functions were loaded
     assert len(list(cache.glob("*.pkl"))) == entries
     np.testing.assert_array_equal(cold, warm)
+
+
+# ------------------------------------------------------------------ derived functions
+def _derived(recipe, derivations, source_value=1.0):
+    """A source graph ``exp(x) * c`` and, by ``recipe``, its gradient or second derivative
+    (counted in ``derivations``)."""
+    x = pt.vector("x")
+    c = pytensor.shared(np.full(2, source_value), name="c")
+    source = pt.exp(x) * c
+
+    def derive():
+        derivations.append(recipe)
+        first = pytensor.gradient.grad(pt.sum(source), x)
+        out = first if recipe == "gradient" else pytensor.gradient.grad(pt.sum(first * x), x)
+        return [x], out, {"recipe": recipe}
+
+    return x, c, source, derive
+
+
+def test_derived_function_is_found_by_its_source(cache):
+    derivations = []
+    x, _, source, derive = _derived("gradient", derivations)
+    fn, _, facts = compile_derived([x], source, "gradient", derive, "FAST_COMPILE")
+    assert derivations == ["gradient"] and facts == {"recipe": "gradient"}
+    v = np.array([0.0, 1.0])
+    np.testing.assert_allclose(fn(v), np.exp(v))
+    # Another process builds the same source: nothing is derived again, the facts come
+    # from the cache, and the loaded function reads the caller's shared variable.
+    x2, c2, source2, derive2 = _derived("gradient", derivations)
+    c2.set_value(np.array([2.0, 3.0]))
+    loaded, _, facts = compile_derived([x2], source2, "gradient", derive2, "FAST_COMPILE")
+    assert derivations == ["gradient"] and facts == {"recipe": "gradient"}
+    np.testing.assert_allclose(loaded(v), [2.0, 3.0] * np.exp(v))
+    # Another recipe on the same source is another function.
+    x3, _, source3, derive3 = _derived("second", derivations)
+    second, _, _ = compile_derived([x3], source3, "second", derive3, "FAST_COMPILE")
+    assert derivations == ["gradient", "second"]
+    np.testing.assert_allclose(second(v), np.exp(v) * (1.0 + v))
+
+
+def test_a_key_blind_to_the_recipe_would_load_a_wrong_function(cache, monkeypatch):
+    # The broken variant: without the recipe in the key, the second derivation of the
+    # same source loads the first one's function (this test's premise).
+    real = function_cache._key_and_shared
+    monkeypatch.setattr(function_cache, "_key_and_shared",
+                        lambda inputs, outputs, mode, recipe="": real(inputs, outputs, mode))
+    derivations = []
+    x, _, source, derive = _derived("gradient", derivations)
+    compile_derived([x], source, "gradient", derive, "FAST_COMPILE")
+    x2, _, source2, derive2 = _derived("second", derivations)
+    wrong, _, facts = compile_derived([x2], source2, "second", derive2, "FAST_COMPILE")
+    assert derivations == ["gradient"] and facts == {"recipe": "gradient"}
+    np.testing.assert_allclose(wrong(np.zeros(2)), np.ones(2))     # the gradient's value
+
+
+def test_derived_function_with_its_own_shared_variable_is_not_stored(cache):
+    x = pt.vector("x")
+    own = []
+
+    def derive():
+        own.append(pytensor.shared(np.ones(2), name="own"))
+        return [x], pt.exp(x) * own[-1]
+
+    compile_derived([x], pt.exp(x), "own", derive, "FAST_COMPILE")
+    assert not list(cache.glob("*.pkl"))
+    compile_derived([x], pt.exp(x), "own", derive, "FAST_COMPILE")
+    assert len(own) == 2                         # derived again
+
+
+def test_the_package_code_is_part_of_the_key(tmp_path):
+    package = tmp_path / "package"
+    (package / "model").mkdir(parents=True)
+    source = package / "model" / "rule.py"
+    source.write_text("RULE = 1\n")
+    before = function_cache._package_digest(package)
+    source.write_text("RULE = 2\n")
+    function_cache._package_digest.cache_clear()
+    assert function_cache._package_digest(package) != before
+    assert function_cache._package_digest().encode() in function_cache._environment()

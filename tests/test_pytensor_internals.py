@@ -414,7 +414,7 @@ def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
         return one(*args)
 
     monkeypatch.setattr(graph, "LOOP_PRODUCTS", 6)
-    products = BatchedProducts([x], vjp, u, "test rows", counted)
+    products = BatchedProducts(lambda: ([x], vjp, u), "test rows", counted)
     point = np.array([0.3, -1.2, 0.7])
     eye = np.eye(3)
     expected = np.array([one(point, e) for e in eye])
@@ -427,9 +427,10 @@ def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
         raise NotImplementedError("no vectorised form")
 
     monkeypatch.setattr(graph, "vectorize_graph", refuse)
-    products = BatchedProducts([x], vjp, u, "test rows", counted)
+    products = BatchedProducts(lambda: ([x], vjp, u), "test rows", counted)
     with caplog.at_level("INFO", logger="pymc_minibatch_mh"):
         for _ in range(4):
             np.testing.assert_allclose(products(point, eye), expected, rtol=1e-14)
     assert len(calls) == 6 + 12
     assert "test rows are computed one vector product at a time" in caplog.text
+

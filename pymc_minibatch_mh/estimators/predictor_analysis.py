@@ -14,7 +14,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
 from pytensor.gradient import grad
@@ -27,7 +26,7 @@ from pymc_minibatch_mh.estimators.predictor import (
     coefficient_vector,
 )
 from pymc_minibatch_mh.model.graph import BatchedProducts
-from pymc_minibatch_mh.model.internals import direct_call
+from pymc_minibatch_mh.model.internals import compile_function, direct_call
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 __all__ = ["PredictorAnalysis", "select"]
@@ -73,7 +72,7 @@ class PredictorAnalysis:
         self.terms = terms
         parts = self.rows([pt.as_tensor(t.coef).astype("float64").flatten() for t in terms])
         fast = "FAST_COMPILE"
-        self._parts_fn = pytensor.function([flat], parts, mode=fast, on_unused_input="ignore")
+        self._parts_fn = compile_function([flat], parts, fast)[0]
         x0 = likelihood.point_map.to_flat(likelihood.initial_point)
         self.sizes = [int(np.size(p)) for p in self._parts_fn(x0)]
         self.n_coef = int(sum(self.sizes))
@@ -89,17 +88,23 @@ class PredictorAnalysis:
         v = pt.vector("v", dtype="float64")
         vjp = grad(pt.dot(u, coef), flat, disconnected_inputs="ignore")
         hvp = grad(pt.dot(vjp, v), flat, disconnected_inputs="ignore")
-        self._coef_fn = pytensor.function([flat], coef, mode=fast, on_unused_input="ignore")
-        self._vjp_fn = pytensor.function([flat, u], vjp, mode=fast, on_unused_input="ignore")
-        self._hvp_fn = pytensor.function([flat, u, v], hvp, mode=fast,
-                                         on_unused_input="ignore")
-        self._jacobian_rows = BatchedProducts([flat], vjp, u, "coefficients' Jacobian rows",
-                                              self._vjp_fn)
-        self._curvature_rows = BatchedProducts([flat, u], hvp, v,
+        self._coef_fn = compile_function([flat], coef, fast)[0]
+        self._vjp_fn = compile_function([flat, u], vjp, fast)[0]
+        self._hvp_fn = compile_function([flat, u, v], hvp, fast)[0]
+        self._products = ([flat], vjp, u), ([flat, u], hvp, v)
+        self._jacobian_rows = BatchedProducts(self._jacobian_graph,
+                                              "coefficients' Jacobian rows", self._vjp_fn)
+        self._curvature_rows = BatchedProducts(self._curvature_graph,
                                                "coefficients' curvature columns", self._hvp_fn)
         self._graphs = (flat, u, coef, vjp)  # compiled for speed on first per-step use
         self._step_fns: Any = None
         self.x0 = x0
+
+    def _jacobian_graph(self) -> tuple[list[Any], Any, Any]:
+        return self._products[0]
+
+    def _curvature_graph(self) -> tuple[list[Any], Any, Any]:
+        return self._products[1]
 
     def rows(self, outputs: Any) -> Any:
         """Model graphs rebuilt on the row batches and the flat state."""

@@ -24,7 +24,7 @@ from pymc_minibatch_mh.core.control_variate import TaylorReference
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.estimators.reference import _FULL_PASS_MODE, TaylorPasses, add_chunks
 from pymc_minibatch_mh.model.graph import checks_as_ninf, clone_replace
-from pymc_minibatch_mh.model.internals import compile_function
+from pymc_minibatch_mh.model.internals import compile_derived
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 if TYPE_CHECKING:
@@ -192,7 +192,6 @@ class PredictorPasses(TaylorPasses):
         an = self.analysis
         graphs = self.likelihood.graphs
         flat, data = graphs.flat, list(graphs.data)
-        g, h, loglik = quantity_derivatives(an, flat)
         features = []
         n = an.n_batch
         for t in an.terms:
@@ -204,12 +203,23 @@ class PredictorPasses(TaylorPasses):
                 f = an.rows(t.feature).astype("float64")
                 shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
                 features.append(pt.broadcast_to(f, shape))
-        h_pairs = h
-        h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
-        outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
-        fn, _ = compile_function([flat, *data], outputs, _FULL_PASS_MODE)
+
+        def derive() -> tuple[list[Any], list[Any], list[tuple[int, int]]]:
+            g, h, loglik = quantity_derivatives(an, flat)
+            pairs = [(j, j2) for j, j2, _ in h]
+            h = [hjl for _, _, hjl in h] or [pt.zeros((n,))]
+            outputs = [pt.sum(loglik), pt.stack(g, axis=1), pt.stack(h, axis=1), *features]
+            return [flat, *data], outputs, pairs
+
+        # The function is derived from the decomposition's graphs (the per-row
+        # likelihood, the coefficients, the quantities and the features): a second
+        # process loads it without differentiating again.
+        etas = [an.rows(quant.eta) for quant in an.predictors.quantities]
+        source = [graphs.row_loglik, an.coef, *etas, *features]
+        fn, _, pairs = compile_derived([flat, *data], source, "PredictorPasses._compile_sums",
+                                       derive, _FULL_PASS_MODE)
         fn.trust_input = True
-        self._chunk_sums = PredictorChunkSums(fn, an, [(j, j2) for j, j2, _ in h_pairs])
+        self._chunk_sums = PredictorChunkSums(fn, an, pairs)
 
     def sums(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64],
                                                     NDArray[np.float64]]:

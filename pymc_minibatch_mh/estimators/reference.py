@@ -32,7 +32,7 @@ from scipy import optimize
 from pymc_minibatch_mh.core.control_variate import TaylorReference, newton_decrement
 from pymc_minibatch_mh.errors import ControlVariateError
 from pymc_minibatch_mh.model.graph import BatchedProducts, checks_as_ninf
-from pymc_minibatch_mh.model.internals import compile_function
+from pymc_minibatch_mh.model.internals import compile_derived
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
@@ -144,34 +144,51 @@ class TaylorPasses:
         # (reverse over reverse): PyTensor's vectorised jacobian can send the graph
         # rewriter into a loop (seen with a Normal likelihood), its scan version compiles
         # slowly, and d products per chunk cost little next to the rest of the pass.
-        flat, data = graphs.flat, list(graphs.data)
-        v = pt.vector("v", dtype="float64")
-        (row_loglik,) = checks_as_ninf([graphs.row_loglik])
-        (prior,) = checks_as_ninf([graphs.prior])
-        total = pt.sum(row_loglik)
-        g = grad(total, flat)
-        hv = grad(pt.dot(g, v), flat)
-        prior_g = grad(prior, flat, disconnected_inputs="ignore")
-        prior_hv = grad(pt.dot(prior_g, v), flat, disconnected_inputs="ignore")
-        self._pass_graphs = {
-            "value_grad_fn": ([flat, *data], [total, g]),
-            "hvp_fn": ([flat, v, *data], hv),
-        }
+        # Each function is derived from the model's graphs when it is compiled (not in a
+        # process that finds it in the cache: see compile_derived).
+        self._graphs = graphs
         # No data in the prior: a quickly compiled function is fast enough.
         self._prior_all_fn = self._compile_fn(
-            "prior_all_fn", [flat, v], [prior, prior_g, prior_hv], mode="FAST_COMPILE",
+            "prior_all_fn", [graphs.flat], [graphs.prior], mode="FAST_COMPILE",
             what="the log prior, its gradient and a Hessian-vector product",
-            trust_input=False,
+            derive=self._prior_derivatives, trust_input=False,
         )
         self._prior_hessian_rows = BatchedProducts(
-            [flat], prior_hv, v, "log prior's Hessian columns", self._prior_hessian_column
+            self._prior_hessian_graph, "log prior's Hessian columns", self._prior_hessian_column
         )
 
+    def _prior_derivatives(self) -> tuple[list[Any], list[Any]]:
+        """``(x, v) -> (log prior, its gradient, its Hessian times v)``."""
+        flat = self._graphs.flat
+        v = pt.vector("v", dtype="float64")
+        (prior,) = checks_as_ninf([self._graphs.prior])
+        prior_g = grad(prior, flat, disconnected_inputs="ignore")
+        hv = grad(pt.dot(prior_g, v), flat, disconnected_inputs="ignore")
+        return [flat, v], [prior, prior_g, hv]
+
+    def _prior_hessian_graph(self) -> tuple[list[Any], Any, Any]:
+        """The prior's Hessian-vector product: inputs ``[x]``, output, and ``v``."""
+        (flat, v), outputs = self._prior_derivatives()
+        return [flat], outputs[2], v
+
+    def _data_graphs(self, hessian: bool) -> tuple[list[Any], Any]:
+        """A chunk's ``(x, *rows) -> (Σ ℓ_i, its gradient)``, or with ``hessian``
+        ``(x, v, *rows) -> H v``."""
+        g = self._graphs
+        (row_loglik,) = checks_as_ninf([g.row_loglik])
+        total = pt.sum(row_loglik)
+        gradient = grad(total, g.flat)
+        if not hessian:
+            return [g.flat, *g.data], [total, gradient]
+        v = pt.vector("v", dtype="float64")
+        return [g.flat, v, *g.data], grad(pt.dot(gradient, v), g.flat)
+
     def _compile_fn(self, name: str, inputs: list[Any], outputs: Any, mode: str,
-                    what: str, trust_input: bool = True) -> Any:
-        """Compile one function of the passes; a failure names it."""
+                    what: str, derive: Any, trust_input: bool = True) -> Any:
+        """Compile one function of the passes, derived by ``derive()`` from the graph of
+        ``inputs`` and ``outputs``; a failure names it."""
         try:
-            fn, _ = compile_function(inputs, outputs, mode)
+            fn, _, _ = compile_derived(inputs, outputs, f"TaylorPasses.{name}", derive, mode)
         except Exception as err:  # noqa: BLE001 - re-raised with the function's name
             raise ControlVariateError(
                 f"{self.step_name}: compiling the control variates' function {name} ({what}) "
@@ -186,16 +203,18 @@ class TaylorPasses:
     @functools.cached_property
     def value_grad_fn(self) -> Any:
         """``(x, *rows) -> (Σ ℓ_i, its gradient)`` over a chunk (compiled on first use)."""
-        inputs, outputs = self._pass_graphs["value_grad_fn"]
-        return self._compile_fn("value_grad_fn", inputs, outputs, _FULL_PASS_MODE,
-                                "the chunk's log-likelihood and its gradient")
+        g = self._graphs
+        return self._compile_fn("value_grad_fn", [g.flat, *g.data], [g.row_loglik],
+                                _FULL_PASS_MODE, "the chunk's log-likelihood and its gradient",
+                                functools.partial(self._data_graphs, False))
 
     @functools.cached_property
     def hvp_fn(self) -> Any:
         """``(x, v, *rows) -> H v`` over a chunk (compiled on first use)."""
-        inputs, outputs = self._pass_graphs["hvp_fn"]
-        return self._compile_fn("hvp_fn", inputs, outputs, _FULL_PASS_MODE,
-                                "Hessian-vector products of the chunk's log-likelihood")
+        g = self._graphs
+        return self._compile_fn("hvp_fn", [g.flat, *g.data], [g.row_loglik], _FULL_PASS_MODE,
+                                "Hessian-vector products of the chunk's log-likelihood",
+                                functools.partial(self._data_graphs, True))
 
     @functools.cached_property
     def gradient_sums(self) -> ChunkSums:

@@ -293,30 +293,41 @@ class TaylorEstimator(RatioEstimator):
             )
 
     def _compile_delta(self, graphs: Any) -> Any:
-        """The per-row function with residuals (the estimator's ``fn`` contract)."""
-        # Directional derivatives at a free point t, in free directions u and v; θ̂, δ and
-        # w are substituted afterwards (w depends on θ̂, so the derivatives must not see
-        # that dependence).
-        t = pt.vector("t", dtype="float64")
-        u = pt.vector("u", dtype="float64")
-        v = pt.vector("v", dtype="float64")
-        (row_loglik,) = checks_as_ninf([graphs.row_loglik])
-        at_t = clone_replace(row_loglik, {graphs.flat: t})
-        first = jvp(at_t, t, u)  # g_iᵀ u
-        second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
+        """The per-row function with residuals (the estimator's ``fn`` contract).
+
+        Derived from the per-row likelihood and the data-free part (``compile``'s
+        ``derive``): a second process loads it without differentiating again.
+        """
         x_cur, x_prop, inv_t = graphs.x_cur, graphs.x_prop, graphs.inv_temperature
-        delta = x_prop - x_cur
-        w = x_prop + x_cur - 2.0 * self._theta
-        first, second = clone_replace(
-            [first, second], {t: self._theta, u: delta, v: w}
-        )
-        residuals = graphs.ratios - (first + 0.5 * second) * inv_t
-        closed_form = expansion_difference(
-            self._gradient, self._hessian, self._theta, x_cur, x_prop, dot=pt.dot
-        ) * inv_t
-        fn = self.likelihood.compile(
-            [x_cur, x_prop, inv_t, *graphs.data], [residuals, graphs.prior_delta + closed_form]
-        )
+
+        def derive() -> tuple[list[Any], list[Any]]:
+            # Directional derivatives at a free point t, in free directions u and v; θ̂,
+            # δ and w are substituted afterwards (w depends on θ̂, so the derivatives must
+            # not see that dependence).
+            t = pt.vector("t", dtype="float64")
+            u = pt.vector("u", dtype="float64")
+            v = pt.vector("v", dtype="float64")
+            (row_loglik,) = checks_as_ninf([graphs.row_loglik])
+            at_t = clone_replace(row_loglik, {graphs.flat: t})
+            first = jvp(at_t, t, u)  # g_iᵀ u
+            second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
+            delta = x_prop - x_cur
+            w = x_prop + x_cur - 2.0 * self._theta
+            first, second = clone_replace(
+                [first, second], {t: self._theta, u: delta, v: w}
+            )
+            residuals = graphs.ratios - (first + 0.5 * second) * inv_t
+            closed_form = expansion_difference(
+                self._gradient, self._hessian, self._theta, x_cur, x_prop, dot=pt.dot
+            ) * inv_t
+            return inputs, [residuals, graphs.prior_delta + closed_form]
+
+        inputs = [x_cur, x_prop, inv_t, *graphs.data]
+        source = [graphs.row_loglik, graphs.ratios, graphs.prior_delta,
+                  self._theta, self._gradient, self._hessian]
+        fn = self.likelihood.compile([graphs.flat, *inputs], source,
+                                     recipe="TaylorEstimator._compile_delta",
+                                     derive=derive)
         return direct_call(fn)
 
     # ---------------------------------------------------------------- per chain

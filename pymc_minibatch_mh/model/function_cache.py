@@ -15,9 +15,15 @@ ops' own caches, which differ from process to process), the mode, PyTensor's set
 and the versions of Python, NumPy, PyTensor and Numba. A shared variable (``pm.Data``, an
 estimator's expansion point, the data of the split's reference) counts by its type and
 place, not its value, and its value is not stored (an empty array of its dtype stands in
-for it in the pickle): a loaded function is copied onto the caller's shared variables, so
+for it in the pickle): a loaded function is linked on the caller's shared variables, so
 ``pm.set_data`` reaches it as it reaches a compiled one. A graph whose constants exceed
 :data:`MAX_CONSTANT_BYTES` is compiled without the cache.
+
+A function whose graph is *derived* from another (a gradient, a Taylor expansion's
+directional derivatives) can be keyed by the graph it is derived from and the name of the
+derivation (``recipe``): building the derived graph (``pytensor.grad``, 0.5–1.5 s per
+set-up on the zoo's families, most of a second process's set-up) is then skipped too. The
+package's own code is part of every key, since the derivation is.
 
 A cache entry that cannot be read is deleted and the function compiled as without the
 cache (logged). ``PYMC_MINIBATCH_MH_FUNCTION_CACHE=0`` turns the cache off;
@@ -27,6 +33,7 @@ cache (logged). ``PYMC_MINIBATCH_MH_FUNCTION_CACHE=0`` turns the cache off;
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -75,6 +82,19 @@ def cache_dir() -> Path:
     return Path(pytensor.config.compiledir) / "pymc_minibatch_mh_functions"
 
 
+@functools.cache
+def _package_digest(root: Path | None = None) -> str:
+    """A digest of this package's source files (or those under ``root``): a derivation
+    (see :func:`cached_build`) is code, so a changed package must not load what the old
+    one derived."""
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def _environment() -> bytes:
     try:
         import numba
@@ -87,7 +107,7 @@ def _environment() -> bytes:
     settings = [(b.split(" ", 1)[0], b.rsplit("Value:", 1)[-1].strip())
                 for b in blocks if "Value:" in b]
     return repr((sys.version, np.__version__, pytensor.__version__, numba_version,
-                 settings)).encode()
+                 settings, _package_digest())).encode()
 
 
 def _shared_roots(inputs: list[Any], outs: list[Any]) -> list[Any] | None:
@@ -108,18 +128,20 @@ def _shared_roots(inputs: list[Any], outs: list[Any]) -> list[Any] | None:
     return shared
 
 
-def graph_key(inputs: list[Any], outputs: Any, mode: Any) -> str | None:
+def graph_key(inputs: list[Any], outputs: Any, mode: Any, recipe: str = "") -> str | None:
     """A digest of the function ``pytensor.function(inputs, outputs, mode=mode)`` would be.
 
     Shared variables count by their type and their place in the graph, not their value
     (:func:`cached_build` points a loaded function at the caller's). ``None`` when the
     function must not be cached: the graph's constants exceed :data:`MAX_CONSTANT_BYTES`,
-    or an op does not pickle.
+    or an op does not pickle. With ``recipe``, the key is that of a function derived from
+    this graph by the named derivation (see :func:`cached_build`).
     """
-    return _key_and_shared(inputs, outputs, mode)[0]
+    return _key_and_shared(inputs, outputs, mode, recipe)[0]
 
 
-def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any) -> tuple[str | None, list[Any]]:
+def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any,
+                    recipe: str = "") -> tuple[str | None, list[Any]]:
     """:func:`graph_key` and the graph's shared variables (:func:`_shared_roots`)."""
     outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
     if not all(isinstance(v, Variable) for v in [*inputs, *outs]):
@@ -152,7 +174,7 @@ def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any) -> tuple[str | N
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         _log.debug("Function cache: a graph does not pickle (%s); compiled without it.", exc)
         return None, shared
-    head = _describe((repr(mode), isinstance(outputs, list | tuple), len(inputs)))
+    head = _describe((repr(mode), isinstance(outputs, list | tuple), len(inputs), recipe))
     return _sha(_environment(), head, *(digest[v] for v in fg.outputs)).hex(), shared
 
 
@@ -208,31 +230,42 @@ def _canonical(x: Any) -> Any:
 
 
 def cached_build(inputs: list[Any], outputs: Any, mode: Any,
-                 build: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+                 build: Callable[[], tuple[Any, ...]], recipe: str = "") -> tuple[Any, ...]:
     """``build()``, or what it returned for the same graph and mode in an earlier process.
 
     ``build`` compiles ``pytensor.function(inputs, outputs, mode=mode, ...)`` and returns
-    a tuple whose first item is that function (the rest must pickle). A loaded function
-    is copied onto the caller's shared variables (``Function.copy(swap=...)``), so it
-    reads their values at every call as the compiled one would.
+    a tuple whose first item is that function (the rest must pickle). The entry holds the
+    function's ``FunctionMaker`` (its rewritten graph) and input storage; a loaded one is
+    linked once (``FunctionMaker.create``) with the caller's shared variables' containers
+    as its storage, so it reads their values at every call as the compiled one would.
+
+    With ``recipe`` (a name), ``build`` compiles a function *derived* from the graph of
+    ``inputs`` and ``outputs`` (for example its gradient, built inside ``build``), and the
+    graph is the key: ``build`` must derive the same function from the same graph
+    whenever ``recipe`` is the same (the package's code is part of the key), and the
+    function's shared variables must be among the graph's (a function with others is
+    not stored).
     """
     if not cache_enabled():
         return build()
-    key, shared = _key_and_shared(inputs, outputs, mode)
+    key, shared = _key_and_shared(inputs, outputs, mode, recipe)
     if key is None:
         return build()
     path = cache_dir() / f"{key}.pkl"
     if path.exists():
         try:
             with path.open("rb") as f:
-                built, places = pickle.load(f)
-            fn = built[0]
-            if places:
-                fn = fn.copy(swap={fn.maker.inputs[i].variable: shared[k]
-                                   for k, i in enumerate(places) if i is not None})
+                (maker, storage, trust_input), rest, places = pickle.load(f)
+            # Linked once, on the caller's shared variables: their containers are the
+            # function's storage, as in a function compiled here.
+            for k, i in enumerate(places):
+                if i is not None:
+                    storage[i] = shared[k].container
+            fn = maker.create(storage)
+            fn.trust_input = trust_input
             os.utime(path)
             _log.debug("Function cache: loaded %s.", path.name)
-            return (fn, *built[1:])
+            return (fn, *rest)
         except Exception as exc:  # noqa: BLE001 - any unreadable entry is dropped
             _log.info("Function cache: %s could not be read (%s: %s); it is deleted and "
                       "the function compiled again.", path, type(exc).__name__, exc)
@@ -241,14 +274,22 @@ def cached_build(inputs: list[Any], outputs: Any, mode: Any,
     # where each shared variable sits among the compiled function's inputs
     variables = [i.variable for i in built[0].maker.inputs]
     places = [next((j for j, v in enumerate(variables) if v is s), None) for s in shared]
-    _store(path, (built, places), [s for s, i in zip(shared, places, strict=True) if i is not None])
+    others = [v.name for v in variables
+              if isinstance(v, SharedVariable) and not any(v is s for s in shared)]
+    if others:  # a derivation's own shared variable: a loaded copy would not follow it
+        _log.debug("Function cache: not stored (shared variables %s are not in the key's "
+                   "graph).", others)
+        return built
+    fn = built[0]
+    entry = ((fn.maker, list(fn.input_storage), fn.trust_input), built[1:], places)
+    _store(path, entry, [s for s, i in zip(shared, places, strict=True) if i is not None])
     return built
 
 
 def _store(path: Path, built: Any, swapped: list[Any]) -> None:
     """Pickle ``built`` to ``path``, the values of the ``swapped`` shared variables left out.
 
-    A loaded function is copied onto the caller's shared variables, so their values in
+    A loaded function is linked on the caller's shared variables, so their values in
     the pickle would never be read: an empty array of each one's dtype stands in for it
     while pickling (the data of the split's reference are hundreds of MB at N = 10⁶).
     """

@@ -56,8 +56,10 @@ LOOP_PRODUCTS: int = 64
 class BatchedProducts:
     """``output``, linear in ``vector``, for every row of a matrix.
 
-    ``products(*args, matrix)`` returns an array whose row ``k`` is ``output`` at the
-    ``inputs`` ``args`` and ``vector = matrix[k]``. The first :data:`LOOP_PRODUCTS`
+    ``graph()`` returns ``(inputs, output, vector)``; it is called only when the batched
+    graph is compiled (so a process that makes few products, or loads ``one`` from the
+    function cache, builds no graph). ``products(*args, matrix)`` returns an array whose
+    row ``k`` is ``output`` at the ``inputs`` ``args`` and ``vector = matrix[k]``. The first :data:`LOOP_PRODUCTS`
     products are made by ``one(*args, row)``, one call per row; after that in one call
     of the batched graph (PyTensor's ``vectorize_graph``), unless PyTensor cannot
     vectorise it (then one call per row throughout, with a log message naming ``what``).
@@ -71,9 +73,9 @@ class BatchedProducts:
     without rewrites (0.1–0.2 s to compile), 0.2 ms with Numba after 0.6 s to compile.
     """
 
-    def __init__(self, inputs: list[Variable], output: Variable, vector: Variable,
+    def __init__(self, graph: Callable[[], tuple[list[Variable], Variable, Variable]],
                  what: str, one: Callable[..., Any]) -> None:
-        self._graph = (list(inputs), output, vector)
+        self._graph = graph
         self.what = what
         self._one = one
         self._made = 0
@@ -89,7 +91,7 @@ class BatchedProducts:
         return np.array([np.asarray(self._one(*inputs, row)) for row in matrix])
 
     def _compile(self) -> Any:
-        inputs, output, vector = self._graph
+        inputs, output, vector = self._graph()
         matrix = pt.matrix(f"{vector.name or 'v'}_rows", dtype=vector.dtype)
         try:
             rows = vectorize_graph(output, replace={vector: matrix})

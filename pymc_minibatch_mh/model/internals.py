@@ -44,6 +44,7 @@ __all__ = [
     "build_without_object_mode",
     "object_mode_ops",
     "compile_function",
+    "compile_derived",
     "uses_numba",
     "DirectCall",
     "PyMCStepHooks",
@@ -92,11 +93,36 @@ def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, l
     A second process with the same graph and mode loads the function from
     :mod:`~pymc_minibatch_mh.model.function_cache` instead of rewriting the graph again.
     """
-    fn, ops = cached_build(inputs, outputs, mode, lambda: build_without_object_mode(
-        lambda m: pytensor.function(inputs, outputs, mode=m, on_unused_input="ignore"), mode,
-        outputs=outputs, log=False))
+    return compile_derived(inputs, outputs, "", lambda: (inputs, outputs), mode)[:2]
+
+
+def compile_derived(inputs: list[Any], outputs: Any, recipe: str,
+                    derive: Callable[[], tuple[Any, ...]],
+                    mode: Any) -> tuple[Any, list[str], Any]:
+    """:func:`compile_function` of the graph ``derive()`` returns (its inputs and outputs),
+    derived from the graph of ``inputs`` and ``outputs`` by the derivation ``recipe`` names.
+
+    A second process finds the function by the source graph and ``recipe``, and neither
+    derives the graph (``pytensor.grad``) nor rewrites it: ``derive`` is called only when
+    the function is compiled. It must derive the same graph from the same source whenever
+    ``recipe`` is the same (see :func:`~pymc_minibatch_mh.model.function_cache.
+    cached_build`). ``derive`` may return a third item, facts about the derived graph
+    that the caller needs (they must pickle: they are kept with the function).
+
+    Returns the function, the names of the ops that sent it to C (see
+    :func:`compile_function`) and the facts (``None`` when ``derive`` gave none).
+    """
+    def build() -> tuple[Any, list[str], Any]:
+        fn_inputs, fn_outputs, *facts = derive()
+        fn, ops = build_without_object_mode(
+            lambda m: pytensor.function(fn_inputs, fn_outputs, mode=m,
+                                        on_unused_input="ignore"),
+            mode, outputs=fn_outputs, log=False)
+        return fn, ops, (facts[0] if facts else None)
+
+    fn, ops, facts = cached_build(inputs, outputs, mode, build, recipe=recipe)
     _log_object_mode(ops)
-    return fn, ops
+    return fn, ops, facts
 
 
 def build_without_object_mode(build: Callable[[Any], Any], mode: Any,

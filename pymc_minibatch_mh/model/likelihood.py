@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,12 @@ from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.checks import validate_split
 from pymc_minibatch_mh.model.compat import default_mode
 from pymc_minibatch_mh.model.graph import checks_as_ninf, observed_source
-from pymc_minibatch_mh.model.internals import C_MODE, compile_function, direct_call
+from pymc_minibatch_mh.model.internals import (
+    C_MODE,
+    compile_derived,
+    compile_function,
+    direct_call,
+)
 from pymc_minibatch_mh.model.split import split_model
 from pymc_minibatch_mh.store.registry import make_store, resolve_data
 from pymc_minibatch_mh.store.row_store import RowStore
@@ -170,16 +175,31 @@ class MinibatchLikelihood:
         g = self.graphs
         return direct_call(self.compile([g.flat], g.prior))
 
-    def compile(self, inputs: list[Variable], outputs: Any, mode: Any = None) -> Any:
+    def compile(self, inputs: list[Variable], outputs: Any, mode: Any = None, *,
+                recipe: str = "",
+                derive: Callable[[], tuple[list[Variable], Any]] | None = None) -> Any:
         """A compiled function of ``inputs`` (PyMC's checks turned into ``-inf``).
 
-        Inputs must be given in their exact types (``trust_input``).
+        Inputs must be given in their exact types (``trust_input``). With ``derive``, the
+        function is that of the inputs and outputs ``derive()`` returns, derived from the
+        graph of ``inputs`` and ``outputs`` by the derivation ``recipe`` names; it is
+        derived only when it is not in the cache (see
+        :func:`~pymc_minibatch_mh.model.internals.compile_derived`).
         """
-        if isinstance(outputs, Variable):
-            (outputs,) = checks_as_ninf([outputs])
+        def as_ninf(outs: Any) -> Any:
+            if isinstance(outs, Variable):
+                return checks_as_ninf([outs])[0]
+            return checks_as_ninf(outs)
+
+        if derive is None:
+            fn, object_mode_ops = compile_function(inputs, as_ninf(outputs), mode or self.mode)
         else:
-            outputs = checks_as_ninf(outputs)
-        fn, object_mode_ops = compile_function(inputs, outputs, mode or self.mode)
+            def derived() -> tuple[list[Variable], Any]:
+                fn_inputs, fn_outputs = derive()
+                return fn_inputs, as_ninf(fn_outputs)
+
+            fn, object_mode_ops, _ = compile_derived(inputs, outputs, recipe, derived,
+                                                     mode or self.mode)
         #: Ops without a Numba implementation met while compiling; the functions that
         #: contain them run on PyTensor's C backend (never in Numba's object mode).
         self.object_mode_ops = sorted({*self.object_mode_ops, *object_mode_ops})
