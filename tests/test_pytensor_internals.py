@@ -25,6 +25,7 @@ the step giving silently wrong numbers), one test per fact:
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import numpy as np
@@ -40,6 +41,7 @@ from pymc_minibatch_mh.model.graph import (
     UpcastDot,
     BatchedProducts,
     checks_as_ninf,
+    frozen_heap,
     has_op,
     reference_graph,
 )
@@ -434,3 +436,14 @@ def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
     assert len(calls) == 6 + 12
     assert "test rows are computed one vector product at a time" in caplog.text
 
+
+def test_frozen_heap_confines_collections_to_new_objects():
+    gc.unfreeze()                             # Python 3.12 starts with some frozen
+    with frozen_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0                     # what existed is out of the collector's way
+        with frozen_heap():                   # nested: nothing more, nothing undone
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+        assert gc.isenabled()                 # new objects are still collected
+    assert gc.get_freeze_count() == 0

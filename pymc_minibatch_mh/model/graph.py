@@ -6,8 +6,10 @@ parameter checks into ``-inf``, and reading data variables.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from pymc_minibatch_mh.store.row_store import data_value, pass_rows
 __all__ = [
     "LOOP_PRODUCTS",
     "BatchedProducts",
+    "frozen_heap",
     "UpcastDot",
     "checks_as_ninf",
     "clone_replace",
@@ -51,6 +54,40 @@ _log = logging.getLogger("pymc_minibatch_mh")
 #: their batched graph (about 0.1 s; one product of the set-up's functions costs
 #: 0.5–1.5 ms), so a model whose search needs few of them does not pay that compilation.
 LOOP_PRODUCTS: int = 64
+
+
+_frozen_depth = 0
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Python's cyclic garbage collector confined to the objects made inside the block.
+
+    Building and loading PyTensor graphs makes hundreds of thousands of objects, whose
+    allocations trigger the collector's full collections, and each one scans every
+    object of the process (PyMC, PyTensor, Numba, the user's data). The objects that
+    exist when the block starts are frozen (``gc.freeze``): collections skip them, and
+    new objects are collected as usual; at the end they are unfrozen (``gc.unfreeze``),
+    so garbage among them is collected again. Measured on the model zoo at N = 3·10⁴,
+    eight steps built in one process with their functions cached: 11.5 s in all, 8.3 s
+    with this. Pausing the collector instead gave about the same times, but would keep
+    the set-up's cyclic garbage (graphs that may hold large constants) until its end.
+
+    Nested blocks freeze nothing more. ``gc.unfreeze`` unfreezes every frozen object,
+    including any the process froze itself before (Python 3.12 starts with a few hundred,
+    and a server may freeze its objects before forking workers): they stay live, only
+    collectable again.
+    """
+    global _frozen_depth
+    if _frozen_depth == 0:
+        gc.freeze()
+    _frozen_depth += 1
+    try:
+        yield
+    finally:
+        _frozen_depth -= 1
+        if _frozen_depth == 0:
+            gc.unfreeze()
 
 
 class BatchedProducts:

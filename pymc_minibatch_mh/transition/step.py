@@ -58,6 +58,7 @@ from pymc_minibatch_mh.model.checks import (
     check_temperature,
 )
 from pymc_minibatch_mh.model.compat import ChainSetupMixin, call_cost_rows
+from pymc_minibatch_mh.model.graph import frozen_heap
 from pymc_minibatch_mh.model.internals import PyMCStepHooks
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note, setup_progress
@@ -211,7 +212,7 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         shuffled_copy: bool = False,
     ) -> None:
         step_name = type(self).__name__
-        with setup_progress(step_name):
+        with setup_progress(step_name), frozen_heap():
             started = time.perf_counter()
             model = modelcontext(model)
             self._validate_settings(batch_size=batch_size, temperature=temperature)
@@ -323,7 +324,7 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         self._n_rows = self.likelihood.n_rows()  # the data as they are now (pm.set_data)
         started = time.perf_counter()
         step_name = type(self).__name__
-        with setup_progress(step_name):
+        with setup_progress(step_name), frozen_heap():
             if not self.estimator.follow_data():
                 return False
             note("rebuilding what depends on the set-up")
