@@ -105,9 +105,10 @@ def compile_derived(inputs: list[Any], outputs: Any, recipe: str,
     A second process finds the function by the source graph and ``recipe``, and neither
     derives the graph (``pytensor.grad``) nor rewrites it: ``derive`` is called only when
     the function is compiled. It must derive the same graph from the same source whenever
-    ``recipe`` is the same (see :func:`~pymc_minibatch_mh.model.function_cache.
-    cached_build`). ``derive`` may return a third item, facts about the derived graph
-    that the caller needs (they must pickle: they are kept with the function).
+    ``recipe`` is the same (see
+    :func:`~pymc_minibatch_mh.model.function_cache.cached_build`). ``derive`` may return
+    a third item, facts about the derived graph that the caller needs (they must pickle:
+    they are kept with the function).
 
     Returns the function, the names of the ops that sent it to C (see
     :func:`compile_function`) and the facts (``None`` when ``derive`` gave none).
