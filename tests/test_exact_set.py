@@ -18,6 +18,7 @@ from scipy.special import expit
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.estimators import predictor_taylor
 from pymc_minibatch_mh.estimators.predictor_taylor import EXACT_LEVEL_ROWS, EXACT_ROWS_MAX_SHARE
+from pymc_minibatch_mh.model.compat import group
 
 N = 3000
 
@@ -199,37 +200,39 @@ def test_extra_evaluations_count_the_surrogates_reads_of_the_exact_set(crossed):
     # The surrogate posterior contains the exact set's log-likelihood, so each of its
     # evaluations (NUTS's leapfrog steps, a state's density) reads those rows, and the
     # test reads them once more: extra_evaluations counts them all. The leapfrog steps
-    # run in the compiled tree (its leaf count, tree_size); PyMC's NUTS asks for π̃ at its
-    # start again, and its end is one of its leapfrog steps: the proposal evaluates
-    # neither again in Python.
+    # run in the compiled tree (its leaf count); while tuning, PyMC's NUTS asks for π̃ at
+    # its start again, and after tuning the proposal runs NUTS's iteration itself; its end
+    # is one of its leapfrog steps: the proposal evaluates neither again in Python.
     model, _, step = crossed
     assert step.proposal.name == "surrogate_nuts" and step.control_variate.exact_rows > 0
     proposal, nuts = step.proposal, step.proposal.nuts
     assert proposal.compiled_tree
     evaluations, asked, leaves = [], [], []
     integrator = nuts.integrator
-    evaluate, ask, trajectory = proposal._evaluate, integrator._logp_dlogp_func, \
-        nuts._hamiltonian_step
+    evaluate, ask = proposal._evaluate, integrator._logp_dlogp_func
     proposal._evaluate = lambda *a: evaluations.append(1) or evaluate(*a)
     integrator._logp_dlogp_func = lambda *a: asked.append(1) or ask(*a)
 
     def counted(*a):
-        out = trajectory(*a)
-        leaves.append(out.stats["tree_size"])
+        out = type(proposal)._run_tree(proposal, *a)
+        leaves.append(out[6])
         return out
 
-    nuts._hamiltonian_step = counted
+    proposal._run_tree = counted
     try:
         with model:
-            idata = pm.sample(step=step, tune=0, draws=5, chains=1, cores=1, random_seed=2,
-                              progressbar=False, compute_convergence_checks=False)
+            idata = pm.sample(step=step, tune=3, draws=3, chains=1, cores=1, random_seed=2,
+                              progressbar=False, compute_convergence_checks=False,
+                              discard_tuned_samples=False)
     finally:
         proposal._evaluate, integrator._logp_dlogp_func = evaluate, ask
-        nuts._hamiltonian_step = trajectory
-    transitions = 5 * step.steps_per_draw
-    extra = int(idata.sample_stats["extra_evaluations"].sum())
+        del proposal._run_tree
+    tuning = 3 * step.steps_per_draw
+    transitions = 2 * tuning
+    extra = sum(int(group(idata, name)["extra_evaluations"].sum())
+                for name in ("warmup_sample_stats", "sample_stats"))
     assert len(leaves) == transitions and min(leaves) >= 1
-    assert len(asked) == transitions  # each start: asked, and answered from the state
+    assert len(asked) == tuning  # each start while tuning: asked, answered from the state
     assert len(evaluations) <= 1  # the chain's first state only
     assert extra == step.control_variate.exact_rows * (
         transitions + len(evaluations) + sum(leaves))

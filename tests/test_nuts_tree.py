@@ -170,9 +170,9 @@ def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkey
     assert np.isfinite(np.asarray(idata.posterior["theta"])).all()
 
 
-def test_a_divergence_after_tuning_goes_through_pymcs_step():
-    # PyMC's astep turns a divergence after tuning into a warning with the start point
-    # mapped back to a point dictionary: the compiled tree's start carries the mapping.
+def test_a_divergence_after_tuning_ends_at_the_start_and_is_counted():
+    # After tuning the proposal runs NUTS's iteration itself: a diverging trajectory
+    # proposes its start (ratio 0), and NUTS counts the divergence as PyMC's astep does.
     with _poisson_model():
         step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
     proposal = step.proposal
@@ -184,3 +184,41 @@ def test_a_divergence_after_tuning_goes_through_pymcs_step():
     np.testing.assert_array_equal(new.x, state.x)  # the start is NUTS's proposal
     assert info.log_q_ratio == pytest.approx(0.0, abs=1e-12)
     assert proposal.nuts.divergences == 1
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_tuned_iterations_without_pymcs_step_are_its_chain(monkeypatch, dense):
+    # After tuning the proposal runs NUTS's iteration itself (momentum, start energy,
+    # averaged step size, the compiled tree) instead of PyMC's astep: the same chain, bit
+    # for bit, from the same generators; with a dense mass matrix and with the diagonal
+    # one in whitened coordinates (above DENSE_MASS_MAX_DIM dimensions).
+    if not dense:
+        monkeypatch.setattr(nuts_module, "DENSE_MASS_MAX_DIM", 1)
+    with _poisson_model():
+        step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    fast = step.proposal
+    assert fast.compiled_tree and (fast._whiten is None) == dense
+    pymc_path = cloudpickle.loads(cloudpickle.dumps(fast))
+    pymc_path.compiled_tree = False  # propose goes through PyMC's astep (tree compiled)
+    states = []
+    for prop in (fast, pymc_path):
+        prop.start_chain(np.random.default_rng(3))
+        state = prop.init(prop.surrogate.theta_hat + 0.1)
+        rng = np.random.default_rng(4)
+        for _ in range(60):  # tuning: the step size and mass matrix adapt
+            state, _ = prop.propose(rng, state, 1.0)
+        prop.set_tuning(False)
+        chain = []
+        for _ in range(40):
+            state, info = prop.propose(rng, state, 1.0)
+            chain.append((state.x.copy(), info.log_q_ratio, info.step_size))
+        states.append(chain)
+    assert fast.density_evaluations == pymc_path.density_evaluations
+    moved = 0
+    for (x_a, ratio_a, step_a), (x_b, ratio_b, step_b) in zip(*states, strict=True):
+        np.testing.assert_array_equal(x_a, x_b)
+        assert ratio_a == ratio_b and step_a == step_b
+        moved += ratio_a != 0.0
+    assert moved > 30
+    assert (fast.nuts.rng.bit_generator.state == pymc_path.nuts.rng.bit_generator.state)
+    assert fast.nuts.iter_count == pymc_path.nuts.iter_count

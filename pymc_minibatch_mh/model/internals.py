@@ -65,6 +65,8 @@ __all__ = [
     "raveled_point_info",
     "set_hamiltonian_step",
     "set_nuts_density",
+    "tuned_nuts_end",
+    "tuned_nuts_start",
 ]
 
 
@@ -464,6 +466,39 @@ def nuts_tree_settings(nuts: Any) -> tuple[int, float, Any]:
     early = nuts.tune and nuts.iter_count < 200
     depth = nuts.early_max_treedepth if early else nuts.max_treedepth
     return int(depth), float(nuts.Emax), nuts.rng
+
+
+def tuned_nuts_start(nuts: Any) -> tuple[Any, Any, float, float]:
+    """What PyMC's NUTS computes before a trajectory once it no longer adapts.
+
+    ``BaseHMC.astep`` with ``tune`` off draws the momentum from its potential, computes
+    its velocity ``M⁻¹p`` and kinetic energy with the potential's own methods, and takes
+    the dual averaging's averaged step size (jittered when the step has a
+    ``step_rand``; PyMC's NUTS has none). The same calls in the same order, so the same
+    numbers from the same generators. Returns ``(p, velocity, kinetic energy, step
+    size)``; the step's ``step_size`` is set as ``astep`` sets it.
+    """
+    potential = nuts.potential
+    p0 = potential.random()
+    velocity = potential.velocity(p0, out=None)
+    kinetic = potential.energy(p0, velocity=velocity)
+    step_size = nuts.step_adapt.current(False)
+    nuts.step_size = step_size
+    if nuts._step_rand is not None:
+        step_size = nuts._step_rand(step_size, rng=nuts.rng)
+    return p0, velocity, float(kinetic), float(step_size)
+
+
+def tuned_nuts_end(nuts: Any, diverging: bool) -> None:
+    """PyMC's counts after a tuned NUTS iteration (``astep``'s ``divergences`` and
+    ``iter_count``).
+
+    The mass matrix's update is a no-op once tuning is over; the step size's only
+    records the acceptance statistic for PyMC's own end-of-sampling warnings, which an
+    inner step does not give.
+    """
+    nuts.divergences += bool(diverging)
+    nuts.iter_count += 1
 
 
 def raveled_point_info(name: str, dim: int) -> Any:

@@ -20,8 +20,10 @@ So from the same start, momentum and step size it returns PyMC's proposal, up to
 floating-point rounding (the tests compare the two trajectory by trajectory).
 
 Everything around the tree (momentum draw, step-size jitter and adaptation, mass-matrix
-adaptation, stats and warnings) stays PyMC's: :mod:`~pymc_minibatch_mh.proposals.nuts`
-puts this function in place of the step's ``_hamiltonian_step``.
+adaptation, stats and warnings) stays PyMC's while NUTS tunes:
+:mod:`~pymc_minibatch_mh.proposals.nuts` puts this function in place of the step's
+``_hamiltonian_step``. After tuning that module calls it directly, with PyMC's momentum
+draw and averaged step size.
 
 Compilation: :class:`CompiledTree` compiles :func:`build_tree` for the density's types,
 with the density as a first-class function of that signature (not as the particular
