@@ -64,6 +64,9 @@ nitpick_ignore = [
     ("py:class", "numpy.random._generator.Generator"),
     # PyTensor's Op, the base of UpcastDot (no intersphinx, see above).
     ("py:class", "pytensor.graph.op.Op"),
+    # PyTensor's digamma and trigamma ops, the bases of CephesPsi and AS121TriGamma.
+    ("py:class", "pytensor.scalar.math.Psi"),
+    ("py:class", "pytensor.scalar.math.TriGamma"),
     # The private base class of the surrogate MALA and HMC proposals.
     ("py:class", "pymc_minibatch_mh.proposals.gradient._WhitenedGradientProposal"),
 ]

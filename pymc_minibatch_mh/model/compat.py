@@ -12,6 +12,9 @@
 - PyTensor 2.x indexes a vector by an integer vector with ``AdvancedSubtensor1`` (or
   ``AdvancedSubtensor``); PyTensor 3.x has ``AdvancedSubtensor`` only:
   :data:`ADVANCED_INDEX_OPS`.
+- PyTensor 3.x registers a scalar op's Numba implementation through
+  ``register_scalar_funcify`` (which keeps the op's output dtypes); PyTensor 2.x through
+  ``register_funcify_and_cache_key``: :func:`register_numba_scalar`.
 """
 
 from __future__ import annotations
@@ -187,3 +190,13 @@ def mcse(draws: Any, method: str = "mean") -> float:
         ess = float(np.asarray(az.ess(sq, method="mean")).squeeze())
         var = sq.mean()
         return float(np.sqrt(sq.var() / ess) / (2.0 * np.sqrt(var)))
+
+
+def register_numba_scalar(op_type: type, funcify: Any) -> None:
+    """Register ``funcify(op, node, **kwargs) -> (numba function, cache key)`` as the Numba
+    implementation of the PyTensor scalar op class ``op_type`` (in elementwise graphs)."""
+    try:
+        from pytensor.link.numba.dispatch.scalar import register_scalar_funcify as register
+    except ImportError:  # PyTensor 2.x
+        from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key as register
+    register(op_type)(funcify)
