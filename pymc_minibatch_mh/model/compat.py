@@ -38,6 +38,7 @@ __all__ = [
     "group",
     "posterior",
     "sample_stats",
+    "register_numba_scalar",
 ]
 
 PYMC_MAJOR: int = int(pm.__version__.split(".")[0])
