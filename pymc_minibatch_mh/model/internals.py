@@ -22,6 +22,7 @@ fails loudly there instead of giving silently wrong numbers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -304,19 +305,23 @@ _CACHEABLE: dict[type, tuple[type, Any]] = {Psi: (CephesPsi, digamma),
                                             TriGamma: (AS121TriGamma, tri_gamma)}
 
 
+@functools.cache
+def _source_digest(implementation: Any) -> str:
+    """A digest of an implementation's source and its helper's, read when a graph with
+    the op is first compiled (not at import)."""
+    source = "".join(inspect.getsource(f.py_func) for f in (implementation, _digamma_positive))
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def _register_numba_implementations() -> None:
     from pytensor.link.numba.dispatch.scalar import scalar_op_cache_key
 
     for op_class, implementation in _CACHEABLE.values():
         # PyTensor's Numba cache keeps compiled graphs by this key: the source is in it,
         # so an edit of the implementation is not answered with the old code.
-        source = "".join(inspect.getsource(f.py_func)
-                         for f in (implementation, _digamma_positive))
-        digest = hashlib.sha256(source.encode()).hexdigest()
-
         def funcify(op: Any, node: Any = None, _impl: Any = implementation,
-                    _digest: str = digest, **kwargs: Any) -> tuple[Any, str]:
-            return _impl, scalar_op_cache_key(op, implementation=_digest)
+                    **kwargs: Any) -> tuple[Any, str]:
+            return _impl, scalar_op_cache_key(op, implementation=_source_digest(_impl))
 
         register_numba_scalar(op_class, funcify)
 
@@ -334,18 +339,16 @@ def cacheable_special_functions(outputs: Any) -> Any:
 
     single = isinstance(outputs, Variable)
     outs = [outputs] if single else list(outputs)
-    nodes = io_toposort([], outs)
-    if not any(isinstance(n.op, Elemwise) and type(n.op.scalar_op) in _CACHEABLE
-               for n in nodes):
+    swapped = [n for n in io_toposort([], outs)
+               if isinstance(n.op, Elemwise) and type(n.op.scalar_op) in _CACHEABLE]
+    if not swapped:
         return outputs
     equiv = clone_get_equiv(list(graph_inputs(outs)), outs, copy_inputs=False,
                             copy_orphans=False)
-    for node in nodes:
-        if isinstance(node.op, Elemwise) and type(node.op.scalar_op) in _CACHEABLE:
-            scalar = node.op.scalar_op
-            op_class = _CACHEABLE[type(scalar)][0]
-            equiv[node].op = Elemwise(op_class(scalar.output_types_preference,
-                                               name=scalar.name))
+    for node in swapped:
+        scalar = node.op.scalar_op
+        op_class = _CACHEABLE[type(scalar)][0]
+        equiv[node].op = Elemwise(op_class(scalar.output_types_preference, name=scalar.name))
     new = [equiv[o] for o in outs]
     return new[0] if single else new
 

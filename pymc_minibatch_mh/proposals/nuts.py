@@ -293,9 +293,10 @@ class SurrogateNUTSProposal(Proposal):
             self._evaluated = {v.tobytes(): (logp, grad)}
             end = nuts_iteration(self.nuts, v, self._point_info)
             return end, *self._logp_dlogp(end)
-        out = self._run_tree(v, p0, velocity, grad, logp, energy, step_size, False)
-        tuned_nuts_end(self.nuts, out[9])
-        return out[0], out[2], out[1]
+        q, q_grad, q_logp, *_, diverging, _, _ = self._run_tree(
+            v, p0, velocity, grad, logp, energy, step_size, False)
+        tuned_nuts_end(self.nuts, diverging)
+        return q, q_logp, q_grad
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
