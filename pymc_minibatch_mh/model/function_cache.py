@@ -52,7 +52,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.traversal import graph_inputs
 
 __all__ = ["MAX_CONSTANT_BYTES", "MAX_CACHE_BYTES", "cache_dir", "cache_enabled",
-           "cached_build", "graph_key"]
+           "cached_build", "drop_rewrite_state", "graph_key"]
 
 _log = logging.getLogger("pymc_minibatch_mh")
 
@@ -281,9 +281,35 @@ def cached_build(inputs: list[Any], outputs: Any, mode: Any,
                    "graph).", others)
         return built
     fn = built[0]
+    drop_rewrite_state(fn.maker.fgraph)
     entry = ((fn.maker, list(fn.input_storage), fn.trust_input), built[1:], places)
     _store(path, entry, [s for s, i in zip(shared, places, strict=True) if i is not None])
     return built
+
+
+def drop_rewrite_state(fgraph: FunctionGraph) -> None:
+    """Drop from a compiled function's graph what only its rewriting used.
+
+    Rewriting leaves behind the graph's shape and merge features (symbolic shapes and
+    signatures of every variable the rewrites ever made) and, in the graph's and the
+    destroy handler's client maps, an empty entry for every variable a rewrite removed,
+    each keeping that variable, its ancestors and their stack traces alive. A stored
+    function pickled all of it: 2–8 MB for a 60-node function of the zoo's negative
+    binomial (0.3–0.5 s to load), 0.4–1.0 MB without. The function runs as before: its
+    thunks are made, the remaining nodes and their clients are unchanged, and the
+    destroy handler, which orders in-place operations, is kept.
+    """
+    for name in ("shape_feature", "merge_feature"):
+        feature = getattr(fgraph, name, None)
+        if feature is not None:
+            fgraph.remove_feature(feature)
+            if getattr(fgraph, name, None) is feature:  # no on_detach of its own
+                delattr(fgraph, name)
+    live = fgraph.variables
+    fgraph.clients = {v: c for v, c in fgraph.clients.items() if c or v in live}
+    handler = getattr(fgraph, "destroy_handler", None)
+    if handler is not None:
+        handler.clients = {v: c for v, c in handler.clients.items() if c or v in live}
 
 
 def _store(path: Path, built: Any, swapped: list[Any]) -> None:
