@@ -8,8 +8,9 @@ default draws, 2 chains one after another, control variates on every arm, the
 Crank–Nicolson proposal that zero-config picks, rows per round sized by the error budget):
 
 - ``zero-config``: ``MinibatchBarker(control_variate="taylor")`` (``acceptance="auto"``:
-  the penalty test with σ = 0.5 and one transition per draw, or Barker's test where the
-  budget says so);
+  the penalty test at the σ of ``PENALTY_SIGMAS`` with the least predicted work per
+  effective sample and one transition per draw, or Barker's test with 3 where that
+  predicts less);
 - ``barker``: the same with ``acceptance="barker"`` (3 transitions per draw; the
   zero-config step before the penalty test);
 - ``barker, 1/draw``: Barker's test with one transition per draw;
@@ -43,7 +44,7 @@ ARMS = {
     "barker, 1/draw": (MinibatchBarker, {"acceptance": "barker", "steps_per_draw": 1}),
     **{f"penalty {sigma}, 1/draw": (
         MinibatchBarker, {"acceptance": "penalty", "sigma": sigma, "steps_per_draw": 1})
-       for sigma in (1.0, 0.75, 0.5, 0.35)},
+       for sigma in (1.0, 0.75, 0.5, 0.35, 0.25, 0.1)},
     "penalty 0.5, 3/draw": (MinibatchBarker, {"acceptance": "penalty", "sigma": 0.5,
                                               "steps_per_draw": 3}),
     "austere 20": (AustereMH, {"batch_size": 20, "steps_per_draw": 1}),

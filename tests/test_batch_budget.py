@@ -21,6 +21,7 @@ from pymc_minibatch_mh import MinibatchBarker, audit_summary
 from pymc_minibatch_mh.core import batch_budget
 from pymc_minibatch_mh.core.batch_budget import (
     AUTO_START_ROWS,
+    BUDGET_CONFIDENCE,
     DEFAULT_ERROR_TOLERANCE,
     MIN_ROWS,
     choose_rows,
@@ -41,13 +42,13 @@ def test_the_choice_is_the_smallest_candidate_within_the_budget():
     n_total = 100_000
     for budget in (1e-2, 1e-3, 1e-4, 1e-5):
         choice = choose_rows(n_total, delta, spread, skew, budget, 1e-8, 1.0, cap=n_total)
-        assert choice.within_budget and choice.predicted_error <= budget
+        assert choice.within_budget and choice.predicted_error < choice.error_bound <= budget
         assert choice.skew == pytest.approx(float(np.mean(skew)))
         floored = np.maximum(skew, choice.skew)
         if choice.rows > MIN_ROWS:  # one row fewer is over the budget
-            below, _ = predicted_error(choice.rows - 1, n_total, delta, spread, floored,
-                                       1e-8, 1.0)
-            assert below > budget
+            below, _, se = predicted_error(choice.rows - 1, n_total, delta, spread, floored,
+                                           1e-8, 1.0)
+            assert below + BUDGET_CONFIDENCE * se > budget
     tight = choose_rows(n_total, delta, spread, skew, 1e-5, 1e-8, 1.0, cap=n_total).rows
     loose = choose_rows(n_total, delta, spread, skew, 1e-2, 1e-8, 1.0, cap=n_total).rows
     assert tight > loose
@@ -63,9 +64,9 @@ def test_predicted_rows_follow_the_growth_rule():
     delta, spread, skew = np.zeros(1), np.array([0.5 / n_total]), np.zeros(1)
     a = spread[0] * n_total**2 / (n_total - 1)
     need = a * n_total / (1.0 + a)
-    _, rows = predicted_error(50, n_total, delta, spread, skew, 0.0, 1.0)
+    _, rows, _ = predicted_error(50, n_total, delta, spread, skew, 0.0, 1.0)
     assert rows == 50 * (int(need / 50) + 1)
-    _, rows = predicted_error(5000, n_total, delta, spread, skew, 0.0, 1.0)
+    _, rows, _ = predicted_error(5000, n_total, delta, spread, skew, 0.0, 1.0)
     assert rows == 5000  # s²(5000) = a (N − 5000)/5000 < σ²: no growth
 
 
@@ -99,13 +100,14 @@ def _mean_estimate_within(stats, budget):
 
 
 def test_the_sampled_draws_keep_their_error_within_the_default_budget():
-    step, stats, warmup = _run(_logistic_model(), discard_tuned_samples=False)
+    # The penalty test at σ = 0.5 (zero-config's chooses its σ as well: the next test).
+    step, stats, warmup = _run(_logistic_model(), discard_tuned_samples=False,
+                               acceptance="penalty")
     # Tuning: the measuring transitions use 100 rows per round, the others the m chosen
     # so far (a draw's stat is its last transition's).
     tuning_rows = set(np.asarray(warmup["rows_per_round"]).ravel().tolist())
     assert AUTO_START_ROWS in tuning_rows and len(tuning_rows) > 1
-    if step.acceptance == step.initial_acceptance:  # else the final m is for Barker's test
-        assert step.rows_choice.rows in tuning_rows
+    assert step.rows_choice.rows in tuning_rows
     rows = np.asarray(stats["rows_per_round"]).ravel()
     # Control variates make the residuals small: far fewer rows than the start's 100.
     assert step.rows_choice is not None and step.rows_choice.rows < 30
@@ -116,10 +118,21 @@ def test_the_sampled_draws_keep_their_error_within_the_default_budget():
     assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
 
 
+def test_zero_config_keeps_its_error_within_the_default_budget():
+    """Zero-config chooses the penalty test's σ as well (below 0.5, with more rows per
+    round than σ = 0.5 takes: the test above), and the draws' error stays within the
+    budget. The choice holds an upper bound of the predicted mean to the budget; with the
+    mean alone (``BUDGET_CONFIDENCE = 0``) this chain's mean estimate is over it."""
+    step, stats = _run(_logistic_model(), tune=1000, draws=500)
+    assert step.sigma < 0.5 and step.rows_choice.rows < AUTO_START_ROWS
+    assert np.all(np.asarray(stats["rows_per_round"]) == step.rows_choice.rows)
+    assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
+
+
 def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
     def table_error_only(m, n_total, delta_star, spread, skew, table_error, sigma, kind,
                          kurtosis):
-        return table_error, float(m)
+        return table_error, float(m), 0.0
 
     monkeypatch.setattr(batch_budget, "predicted_error", table_error_only)
     step, stats = _run(_logistic_model())

@@ -34,9 +34,14 @@ def test_auto_and_refusals():
     assert resolve_steps_per_draw("auto", RandomWalkProposal) == 1
     assert resolve_steps_per_draw(5, RandomWalkProposal) == 5
     with normal_model():
-        # Crank–Nicolson: 3 with either test.
+        # Crank–Nicolson: 3 with Barker's test and the penalty test at σ = 0.5, one with
+        # the penalty test at a σ that accepts at least 0.9 of perfect proposals.
         assert MinibatchBarker(control_variate="taylor", acceptance="barker").steps_per_draw == 3
         assert MinibatchBarker(control_variate="taylor").steps_per_draw == 3
+        assert MinibatchBarker(control_variate="taylor", acceptance="penalty",
+                               sigma=0.25).steps_per_draw == 1
+        assert MinibatchBarker(control_variate="taylor", acceptance="penalty", sigma=0.25,
+                               steps_per_draw=3).steps_per_draw == 3
         assert MinibatchBarker(batch_size=50).steps_per_draw == 1
         assert MinibatchBarker(batch_size=50, steps_per_draw=4).steps_per_draw == 4
         for bad in (0, -1, 2.0, True, "many", None):

@@ -182,31 +182,55 @@ def test_auto_runs_the_penalty_test_with_crank_nicolson_only():
         skewed = MinibatchBarker(control_variate="taylor", skew_correction=True)
         nuts = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
     assert zero_config.acceptance == "penalty" and zero_config.sigma == 0.5
-    assert zero_config.steps_per_draw == 3  # Crank–Nicolson's, with either test
+    assert zero_config.steps_per_draw == 3  # at σ = 0.5 as with Barker's test
     assert isinstance(zero_config.correction, PenaltyCorrection)
     for step in (plain, skewed, nuts):
         assert step.acceptance == "barker" and step.sigma == 1.0
 
 
-def _choice(rows, error, within):
+def _option(sigma, rows, error, within, steps=1, per_round=None):
     from pymc_minibatch_mh.core.batch_budget import RowsChoice
+    from pymc_minibatch_mh.step_methods.barker import AcceptanceOption, barker_correction
 
-    return RowsChoice(rows, error, float(rows), within, 50, 1.0)
+    choice = RowsChoice(per_round or rows, error, float(rows), within, 50, 1.0)
+    if sigma is None:
+        return AcceptanceOption("barker", barker_correction(1.0, None), choice, steps)
+    return AcceptanceOption("penalty", PenaltyCorrection(sigma), choice, steps)
 
 
-def test_prefer_barker():
-    from pymc_minibatch_mh.step_methods.barker import prefer_barker
+def test_choose_test():
+    from pymc_minibatch_mh.step_methods.barker import choose_test
 
-    # Both within the budget: rows per ESS, with the margin (0.22 against 0.28 ESS per
-    # transition, Barker's needs 0.8 times the penalty test's rows per ESS).
-    assert not prefer_barker(_choice(2, 1e-4, True), _choice(2, 1e-4, True))
-    assert not prefer_barker(_choice(3, 1e-4, True), _choice(2, 1e-4, True))
-    assert prefer_barker(_choice(7, 1e-4, True), _choice(2.5, 1e-4, True))
-    # One within: that one; neither: the smaller predicted error.
-    assert prefer_barker(_choice(100, 2e-3, False), _choice(100, 9e-4, True))
-    assert not prefer_barker(_choice(20, 9e-4, True), _choice(100, 2e-3, False))
-    assert prefer_barker(_choice(100, 3e-3, False), _choice(100, 2e-3, False))
-    assert not prefer_barker(_choice(100, 2e-3, False), _choice(100, 3e-3, False))
+    # All within the budget: the least work per effective sample. With a few rows the
+    # smallest σ wins (0.96 of perfect proposals accepted); Barker's test at 3 per draw
+    # costs 10.3 transitions per effective sample against 6.5.
+    ladder = [_option(0.5, 2, 1e-4, True), _option(0.25, 3, 1e-4, True),
+              _option(0.1, 6, 1e-4, True), _option(None, 2, 1e-4, True, steps=3)]
+    assert choose_test(ladder).correction.sigma == 0.1
+    # Rows cost too: 0.004 of a transition each. σ = 0.1 at 300 rows per transition
+    # (7.8 transitions per effective sample) loses to σ = 0.25 at 5 (7.4).
+    ladder[1:3] = [_option(0.25, 5, 1e-4, True), _option(0.1, 300, 1e-4, True)]
+    assert choose_test(ladder).correction.sigma == 0.25
+    # Growth rounds cost too (0.7 of a transition each after the first): σ = 0.1 at 250
+    # rows in one round (7.6 per effective sample) beats σ = 0.25 at 100 (7.8); in 5
+    # rounds of 50 (10.6) it does not.
+    assert choose_test([_option(0.25, 100, 1e-4, True),
+                        _option(0.1, 250, 1e-4, True)]).correction.sigma == 0.1
+    assert choose_test([_option(0.25, 100, 1e-4, True),
+                        _option(0.1, 250, 1e-4, True, per_round=50)]).correction.sigma == 0.25
+    # Barker's test only where the penalty tests need far more rows.
+    costly = [_option(0.5, 1000, 1e-4, True), _option(None, 100, 1e-4, True, steps=3)]
+    assert choose_test(costly).acceptance == "barker"
+    # Outside the budget an option is not taken; with none within, the smallest error.
+    over = [_option(0.5, 100, 2e-3, False), _option(None, 100, 9e-4, True, steps=3)]
+    assert choose_test(over).acceptance == "barker"
+    assert choose_test([_option(0.5, 100, 3e-3, False),
+                        _option(None, 100, 2e-3, False, steps=3)]).acceptance == "barker"
+    assert choose_test([_option(0.5, 100, 2e-3, False),
+                        _option(None, 100, 3e-3, False, steps=3)]).acceptance == "penalty"
+    # There a smaller σ is left out, though its minibatch grows to a smaller error.
+    assert choose_test([_option(0.5, 100, 3e-3, False), _option(0.1, 750, 1e-3, False),
+                        _option(None, 100, 2e-3, False, steps=3)]).acceptance == "barker"
 
 
 def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):
@@ -238,10 +262,31 @@ def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch)
                               discard_tuned_samples=False, **sample_kwargs(random_seed=2))
     warm = np.asarray(idata.warmup_sample_stats["penalty_test"])
     draws = np.asarray(sample_stats(idata)["penalty_test"])
-    # Each chain starts with the penalty test (3 transitions per draw: the first 16 draws
-    # are before the 50th transition) and leaves it at its first choice.
-    assert warm[:, :16].all() and not warm[:, 17:].any() and not draws.any()
+    # Each chain starts with the penalty test (3 transitions per draw: the 50th transition
+    # is the second of draw 16, and the choice is made before the third's test, which a
+    # draw's stat reports) and leaves it at its first choice.
+    assert warm[:, :16].all() and not warm[:, 16:].any() and not draws.any()
     assert step.acceptance == "barker" and step.steps_per_draw == 3
     assert isinstance(step.correction, CorrectionDistribution)
     assert step.rows_choice.predicted_error == 0.1
     assert step.tuner.target == pytest.approx(0.4)
+
+
+def test_auto_chooses_the_penalty_tests_sigma_and_says_which():
+    """Zero-config picks σ from PENALTY_SIGMAS by predicted work per effective sample:
+    with control variates the residuals are small, and σ = 0.1 accepts about 0.96 of a
+    near-perfect proposal (σ = 0.5 at most 0.80, so an acceptance rate above 0.85 fails
+    without the choice); the test_sigma stat is the σ each draw's test used."""
+    from pymc_minibatch_mh.step_methods.barker import PENALTY_SIGMAS
+
+    with _logistic(n=20_000):
+        step = MinibatchBarker(control_variate="taylor")
+        idata = pm.sample(draws=300, tune=300, step=step, chains=1, cores=1,
+                          discard_tuned_samples=False, **sample_kwargs(random_seed=4))
+    warm = np.asarray(idata.warmup_sample_stats["test_sigma"]).ravel()
+    stats = sample_stats(idata)
+    sigmas = np.asarray(stats["test_sigma"]).ravel()
+    assert warm[0] == PENALTY_SIGMAS[0] and set(warm.tolist()) <= set(PENALTY_SIGMAS)
+    assert step.acceptance == "penalty" and np.all(sigmas == step.sigma)
+    assert step.sigma < PENALTY_SIGMAS[0] and step.steps_per_draw == 1
+    assert float(np.mean(stats["accepted"])) > 0.85

@@ -21,7 +21,34 @@ draws, 2 chains, by thinning k-times longer runs):
 ``"auto"`` makes the transitions per draw that the proposal declares
 (:attr:`~pymc_minibatch_mh.proposals.base.Proposal.transitions_per_draw`): 9 with NUTS on
 the surrogate, 3 with the other surrogate proposals, and one with the random walk, whose
-steps are small and whose draws are correlated anyway.
+steps are small and whose draws are correlated anyway. A step whose test accepts a
+near-perfect proposal more often than Barker's may make fewer: ``MinibatchBarker`` with
+the penalty test and Crank–Nicolson makes the number :func:`cost_per_effective_sample`
+prefers, one at σ ≤ 0.25 and the proposal's 3 at σ = 0.5.
+
+**The cost model** (:func:`cost_per_effective_sample`) that chooses between settings: a
+perfect independence proposal accepted with probability α leaves the state unchanged with
+probability 1 − α at each transition, so ``k`` transitions give draws with lag-one
+autocorrelation ``r = (1 − α)^k`` and ``(1 − r)/(1 + r)`` effective samples per draw; a
+draw costs ``k`` transitions, each its fixed work plus its rows (:data:`ROW_COST`) and
+growth rounds (:data:`ROUND_COST`), and its work besides them (:data:`DRAW_COST`).
+Measured on logistic regressions with Crank–Nicolson (PyMC 5, 2 × 2000 draws):
+
+- at N = 3·10⁴, d = 10, 0.24, 0.37 and 0.49 s of sampling for 1, 2 and 3 transitions per
+  draw (about 30 µs per draw and per transition), and 118 ns per row read by the test
+  (m = 2, 1000 and 3000 rows per round); 165 ns at N = 10⁶, where the rows no longer fit
+  in the cache, 218 ns at N = 10⁵, d = 100 (with 0.007 instead of :data:`ROW_COST`'s
+  0.004 the model makes the same choices at the logistic grid's measured rows);
+- with PyMC's fixed number of draws the set-up is part of a draw's cost: at N = 10⁶,
+  d = 100 (set-up 2 s) the penalty test at σ = 0.5 gave 985 effective samples in 0.44 s
+  of sampling at one transition per draw and 1,655 in 0.89 s at three, 404 against 570
+  per second with the set-up. With :data:`DRAW_COST` at 5 the model makes one transition
+  per draw where a test accepts at least 0.9 of perfect proposals (the penalty test at
+  σ ≤ 0.25), and 3 with the penalty test at σ = 0.5 and with Barker's;
+- a growing minibatch pays for each round: at N = 10⁵, d = 100 the penalty test at
+  σ = 0.1 grew to 807 rows in about 8 rounds of 100 and took 355 µs a transition, about
+  150 µs more than its fixed work and rows; σ = 0.25 (170 rows, about 2 rounds) gave the
+  most effective samples per second there, 880 against 468 with the set-up.
 
 The stats of a draw with several transitions (:func:`merge_stats`): the rows and rounds
 are summed over its transitions (``batch_size`` is the rows the draw cost), ``accepted``
@@ -38,7 +65,26 @@ from typing import Any
 
 from pymc_minibatch_mh.proposals.base import Proposal
 
-__all__ = ["merge_stats", "resolve_steps_per_draw"]
+__all__ = [
+    "DRAW_COST",
+    "ROUND_COST",
+    "ROW_COST",
+    "cost_per_effective_sample",
+    "merge_stats",
+    "resolve_steps_per_draw",
+]
+
+#: A draw's work besides its transitions, in units of a transition's fixed work: PyMC's
+#: recording of the draw and its stats (about one transition's, measured) plus the set-up's
+#: share per draw, which PyMC's fixed number of draws makes part of the cost of an
+#: effective sample (a set-up of 0.2–2 s over 2 × 2000 draws: 2–16 transitions a draw).
+DRAW_COST: float = 5.0
+#: One row read by the test, in units of a transition's fixed work (measured: 118 ns
+#: against 30 µs; a transition costs as much as about 250 rows in memory).
+ROW_COST: float = 0.004
+#: Each growth round after a transition's first, in units of a transition's fixed work
+#: (measured: about 20 µs, the rows aside; see the module docstring).
+ROUND_COST: float = 0.7
 
 _SUMMED = ("batch_size", "growth_rounds", "extra_evaluations")
 _ANY = ("full_data", "nonfinite", "recentered", "grinding")
@@ -65,6 +111,41 @@ def resolve_steps_per_draw(value: Any, proposal: Proposal) -> int:
             "the number of transitions (propose, estimate, test) per draw."
         )
     return int(value)
+
+
+def cost_per_effective_sample(accept: float, rows: float, steps: int,
+                              rounds: float = 1.0) -> float:
+    """Predicted work per effective sample, in transitions (the module docstring's model).
+
+    Parameters
+    ----------
+    accept : float
+        The test's acceptance probability of a perfect proposal (1/2 for Barker's test,
+        ``h_σ(0)`` for the penalty test), in (0, 1].
+    rows : float
+        Predicted rows per transition.
+    steps : int
+        Transitions per draw.
+    rounds : float, optional
+        Predicted rounds per transition (the first included).
+
+    Returns
+    -------
+    float
+        ``(DRAW_COST + steps · (1 + ROW_COST · rows + ROUND_COST · (rounds − 1))) /
+        ((1 − r)/(1 + r))`` with ``r = (1 − accept)^steps``.
+
+    Examples
+    --------
+    >>> round(cost_per_effective_sample(0.5, 2.0, 3), 2)  # Barker's test, 3 per draw
+    10.32
+    >>> round(cost_per_effective_sample(0.96, 2.0, 1), 2)  # the penalty test at σ = 0.1
+    6.51
+
+    """
+    r = (1.0 - accept) ** steps
+    transition = 1.0 + ROW_COST * rows + ROUND_COST * max(rounds - 1.0, 0.0)
+    return (DRAW_COST + steps * transition) * (1.0 + r) / (1.0 - r)
 
 
 def merge_stats(transitions: Sequence[dict[str, Any]]) -> dict[str, Any]:
