@@ -487,6 +487,25 @@ def test_batched_products_equal_one_product_per_row(monkeypatch, caplog):
     assert "test rows are computed one vector product at a time" in caplog.text
 
 
+def test_batched_products_of_an_output_that_ignores_the_vector(monkeypatch):
+    """A flat prior's Hessian-vector products are zeros whatever the vector, and PyTensor's
+    vectorised graph then has no row dimension: the batched products must still have one
+    row per row of the matrix (a (d,) array made the prior Hessian of a Taylor reference
+    the wrong shape once the batched graph took over, at N = 10⁶, d = 100)."""
+    from pymc_minibatch_mh.model import graph
+
+    x, u = pt.vector("x"), pt.vector("u")
+    zeros = pt.zeros_like(x) * 0.0 + 0.0 * pt.sum(x)
+    one = pytensor.function([x, u], zeros, on_unused_input="ignore")
+    monkeypatch.setattr(graph, "LOOP_PRODUCTS", 3)
+    products = BatchedProducts(lambda: ([x], zeros, u), "zero rows", one)
+    point, eye = np.array([0.3, -1.2, 0.7]), np.eye(3)
+    for _ in range(3):
+        out = products(point, eye)
+        assert out.shape == (3, 3) and not np.any(out)
+    assert products._batched  # the last call was the batched graph's
+
+
 def test_frozen_heap_confines_collections_to_new_objects():
     gc.unfreeze()                             # Python 3.12 starts with some frozen
     with frozen_heap():

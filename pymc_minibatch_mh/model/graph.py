@@ -136,6 +136,11 @@ class BatchedProducts:
             _log.info("The %s are computed one vector product at a time: PyTensor could "
                       "not vectorise the graph (%s: %s).", self.what, type(exc).__name__, exc)
             return None
+        if rows.ndim == output.ndim:
+            # The output does not depend on the vector (a flat prior's Hessian products
+            # are zeros): the same row for every row of the matrix.
+            rows = pt.broadcast_to(rows, (matrix.shape[0], *(rows.shape[i]
+                                                             for i in range(rows.ndim))))
         return pytensor.function([*inputs, matrix], rows,
                                  mode=Mode(linker="py", optimizer=None),
                                  on_unused_input="ignore")
