@@ -525,9 +525,16 @@ def run_package(family: str, model: pm.Model, args, proposal: str = "auto") -> R
     ss = sample_stats(idata)
     rows = np.asarray(ss["batch_size"], dtype=float) + np.asarray(ss["extra_evaluations"])
     run.rows_per_draw = float(rows.mean())
+    # The test, its σ and the transitions per draw may change during tuning: the last
+    # chain's, and each draw's σ.
+    run.note = (f"proposal {step.proposal.name!r}, {step.steps_per_draw} transition(s) per "
+                f"draw when sampling, batch_size {step.batch_size}")
     if "rows_per_round" in ss:
         run.note += (", rows per round when sampling "
                      f"{sorted(set(np.asarray(ss['rows_per_round']).ravel().tolist()))}")
+    if "test_sigma" in ss:
+        run.note += (", test σ when sampling "
+                     f"{sorted(set(np.asarray(ss['test_sigma']).ravel().tolist()))}")
     post = posterior(idata)
     run.draws = {k: np.asarray(post[k]) for k in free_names(model)}
     return run
