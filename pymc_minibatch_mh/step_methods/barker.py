@@ -88,7 +88,8 @@ class MinibatchBarker(MinibatchStep):
         to N) to meet it. Only with ``batch_size="auto"``.
     sigma : float, optional
         σ of the normal part: 1 for Barker's test (``0 < σ < π/√3``), 0.5 for the penalty
-        test (any ``σ > 0``; chosen from :data:`PENALTY_SIGMAS` with ``acceptance="auto"``
+        test (any ``σ > 0``; chosen from
+        :data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_SIGMAS` with ``acceptance="auto"``
         and ``batch_size="auto"``). Larger σ allows smaller minibatches (the test needs
         ``s² < σ²``) at the price of a larger correction-table error (Barker) or a lower
         acceptance (penalty: ``2Φ(−σ/2)`` for a perfect proposal). Given with
