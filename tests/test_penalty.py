@@ -194,8 +194,8 @@ def _option(sigma, rows, error, within, steps=1, per_round=None):
 
     choice = RowsChoice(per_round or rows, error, float(rows), within, 50, 1.0)
     if sigma is None:
-        return AcceptanceOption("barker", barker_correction(1.0, None), choice, steps)
-    return AcceptanceOption("penalty", PenaltyCorrection(sigma), choice, steps)
+        return AcceptanceOption(barker_correction(1.0, None), choice, steps)
+    return AcceptanceOption(PenaltyCorrection(sigma), choice, steps)
 
 
 def test_choose_test():

@@ -260,9 +260,9 @@ def choose_rows(
             while high - low > 1:
                 mid = (low + high) // 2
                 mid_error, mid_rows, mid_se = predicted_error(mid, int(n_total), *args)
-                if mid_error + BUDGET_CONFIDENCE * mid_se <= budget:
-                    high, error, rows = mid, mid_error, mid_rows
-                    bound = mid_error + BUDGET_CONFIDENCE * mid_se
+                mid_bound = mid_error + BUDGET_CONFIDENCE * mid_se
+                if mid_bound <= budget:
+                    high, error, rows, bound = mid, mid_error, mid_rows, mid_bound
                 else:
                     low = mid
             return RowsChoice(high, error, rows, True, count, mean_skew, bound)

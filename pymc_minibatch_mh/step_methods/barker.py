@@ -393,13 +393,11 @@ class MinibatchBarker(MinibatchStep):
             # At every choice (the first after MEASURE_FIRST transitions, so that the rest
             # of tuning runs the test chosen): every test's choice from the same records,
             # which describe the rows, not the test.
-            tests = [("penalty", c) for c in self._penalty_corrections]
-            tests.append(("barker", self._barker_correction))
             best = choose_test([
-                AcceptanceOption(name, c, budget.choose(
+                AcceptanceOption(c, budget.choose(
                     self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c)),
                     self._steps_for(c))
-                for name, c in tests])
+                for c in (*self._penalty_corrections, self._barker_correction)])
             if best.correction is not self.correction:
                 self._set_acceptance(best.acceptance, best.correction)
             choice = best.choice
@@ -423,8 +421,8 @@ class MinibatchBarker(MinibatchStep):
         predicts cheaper for the test's acceptance of a perfect proposal; else the
         setting.
         """
-        proposal = getattr(self, "proposal", None)
-        if not self._steps_auto or proposal is None or proposal.name not in PENALTY_PROPOSALS:
+        proposal = self.proposal
+        if not self._steps_auto or proposal.name not in PENALTY_PROPOSALS:
             return self.steps_per_draw
         accept, rows = perfect_accept(correction), float(self.batch_size)
         return min((1, int(proposal.transitions_per_draw)),
@@ -550,8 +548,6 @@ class AcceptanceOption:
 
     Attributes
     ----------
-    acceptance : str
-        ``"penalty"`` or ``"barker"``.
     correction : PenaltyCorrection or CorrectionDistribution
         The test's correction (its ``sigma`` is the test's σ).
     choice : RowsChoice
@@ -561,10 +557,14 @@ class AcceptanceOption:
 
     """
 
-    acceptance: str
     correction: Any
     choice: RowsChoice
     steps: int
+
+    @property
+    def acceptance(self) -> str:
+        """``"penalty"`` or ``"barker"``: the test of :attr:`correction`."""
+        return "penalty" if isinstance(self.correction, PenaltyCorrection) else "barker"
 
     @property
     def cost(self) -> float:
