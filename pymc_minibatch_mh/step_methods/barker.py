@@ -563,7 +563,7 @@ class AcceptanceOption:
 
     @property
     def acceptance(self) -> str:
-        """``"penalty"`` or ``"barker"``: the test of :attr:`correction`."""
+        """``"penalty"`` or ``"barker"``: the test of ``correction``."""
         return "penalty" if isinstance(self.correction, PenaltyCorrection) else "barker"
 
     @property
