@@ -30,6 +30,8 @@ from pymc_minibatch_mh.core.penalty import (
     penalty_probability,
 )
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh.proposals import CrankNicolsonProposal
+from pymc_minibatch_mh.proposals.crank_nicolson import MIN_RHO
 
 
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 2.5])
@@ -188,18 +190,18 @@ def test_auto_runs_the_penalty_test_with_crank_nicolson_only():
         assert step.acceptance == "barker" and step.sigma == 1.0
 
 
-def _option(sigma, rows, error, within, steps=1, per_round=None):
+def _option(sigma, rows, error, within, steps=1, per_round=None, rho=0.0):
     from pymc_minibatch_mh.core.batch_budget import RowsChoice
     from pymc_minibatch_mh.step_methods.barker import AcceptanceOption, barker_correction
 
     choice = RowsChoice(per_round or rows, error, float(rows), within, 50, 1.0)
     if sigma is None:
-        return AcceptanceOption(barker_correction(1.0, None), choice, steps)
-    return AcceptanceOption(PenaltyCorrection(sigma), choice, steps)
+        return AcceptanceOption(barker_correction(1.0, None), choice, steps, rho)
+    return AcceptanceOption(PenaltyCorrection(sigma), choice, steps, rho)
 
 
 def test_choose_test():
-    from pymc_minibatch_mh.step_methods.barker import choose_test
+    from pymc_minibatch_mh.step_methods.barker import choose_test, perfect_accept
 
     # All within the budget: the least work per effective sample. With a few rows the
     # smallest σ wins (0.96 of perfect proposals accepted); Barker's test at 3 per draw
@@ -218,6 +220,14 @@ def test_choose_test():
                         _option(0.1, 250, 1e-4, True)]).correction.sigma == 0.1
     assert choose_test([_option(0.25, 100, 1e-4, True),
                         _option(0.1, 250, 1e-4, True, per_round=50)]).correction.sigma == 0.25
+    # Over-relaxed moves count: a draw's lag-one autocorrelation 1 − 0.96·1.5 = −0.44
+    # gives σ = 0.1 at 300 rows 2.8 transitions per effective sample, against 7.4 for
+    # σ = 0.25 at 5 rows with a proposal that does not over-relax.
+    assert choose_test([_option(0.25, 5, 1e-4, True),
+                        _option(0.1, 300, 1e-4, True, rho=-0.5)]).correction.sigma == 0.1
+    r = 1 - perfect_accept(PenaltyCorrection(0.1)) * 1.5
+    assert _option(0.1, 300, 1e-4, True, rho=-0.5).cost == pytest.approx(
+        (5 + 1 + 0.004 * 300) * (1 + r) / (1 - r))
     # Barker's test only where the penalty tests need far more rows.
     costly = [_option(0.5, 1000, 1e-4, True), _option(None, 100, 1e-4, True, steps=3)]
     assert choose_test(costly).acceptance == "barker"
@@ -290,3 +300,34 @@ def test_auto_chooses_the_penalty_tests_sigma_and_says_which():
     assert step.acceptance == "penalty" and np.all(sigmas == step.sigma)
     assert step.sigma < PENALTY_SIGMAS[0] and step.steps_per_draw == 1
     assert float(np.mean(stats["accepted"])) > 0.85
+    # A test that accepts at least OVERRELAX_ACCEPT of perfect proposals over-relaxes
+    # Crank–Nicolson (ρ down to MIN_RHO, where the tuner ends on a good fit); σ = 0.5 does
+    # not (ρ ≥ 0 in the tuning draws that ran it).
+    rho = np.asarray(stats["rho"]).ravel()
+    assert np.all(rho == MIN_RHO)
+    warm_rho = np.asarray(idata.warmup_sample_stats["rho"]).ravel()
+    assert np.all(warm_rho[warm == PENALTY_SIGMAS[0]] >= 0)
+    # The chain is antithetic: negative lag-one autocorrelation of every coefficient
+    # (about −0.44 = 0.96·(−0.5) + 0.04 at the fit; 0.04 with ρ = 0; sd of the estimate
+    # about 1/√300).
+    draws = np.asarray(posterior(idata)["b"])[0]
+    z = draws - draws.mean(axis=0)
+    lag1 = np.sum(z[1:] * z[:-1], axis=0) / np.sum(z * z, axis=0)
+    assert np.all(lag1 < -0.2), lag1
+
+
+def test_overrelaxation_follows_the_test_and_leaves_a_given_proposal_alone():
+    """Barker's test (1/2 of perfect proposals) keeps Crank–Nicolson's ρ ≥ 0; a
+    Crank–Nicolson proposal given by the user keeps its own ``min_rho``."""
+    with _logistic():
+        barker = MinibatchBarker(control_variate="taylor", acceptance="barker")
+        given = MinibatchBarker(
+            control_variate="taylor", acceptance="barker",
+            proposal=lambda step: CrankNicolsonProposal(step.surrogate_posterior().laplace,
+                                                        min_rho=-0.3))
+        for step, least in ((barker, 0.0), (given, -0.3)):
+            idata = pm.sample(draws=200, tune=200, step=step, chains=1, cores=1,
+                              **sample_kwargs(random_seed=5))
+            rho = np.asarray(sample_stats(idata)["rho"]).ravel()
+            assert step.proposal.min_rho == least
+            assert np.all(rho >= least) and np.min(rho) < least + 0.2, (least, rho.min())

@@ -96,7 +96,7 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
     assert np.all(code == PROPOSAL_CODES[step.proposal.name])
     rho, size = np.asarray(ss["rho"]).ravel(), np.asarray(ss["step_size"]).ravel()
     if kind == "crank_nicolson":
-        assert np.all((rho >= 0) & (rho < 1)) and np.all(np.isnan(size))
+        assert np.all((rho >= step.proposal.min_rho) & (rho < 1)) and np.all(np.isnan(size))
     else:
         assert np.all(size > 0) and np.all(np.isnan(rho))
     # ``scaling`` is the scale the proposal used, reported only where it uses one
@@ -104,8 +104,8 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
         "surrogate_transition", "surrogate_nuts"))
     if kind == "crank_nicolson":
         scaling = np.asarray(ss["scaling"]).ravel()
-        assert np.all(scaling <= 1.0)
-        np.testing.assert_allclose(np.sqrt(1 - rho**2), scaling, rtol=1e-12)
+        assert np.all(scaling <= step.proposal.max_scale)
+        np.testing.assert_allclose([step.proposal.rho(s) for s in scaling], rho, atol=1e-12)
     # residuals are 0: one round of 50 rows in each of the draw's transitions
     assert step.steps_per_draw == (9 if kind == "surrogate_nuts" else 3)
     assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw

@@ -22,6 +22,7 @@ from pymc_minibatch_mh.proposals import (
     SurrogateHMCProposal,
     SurrogateLangevinProposal,
 )
+from pymc_minibatch_mh.proposals.crank_nicolson import MIN_RHO
 
 Z_MAX = 4.0
 N_BATCHES = 40
@@ -163,6 +164,8 @@ N_DRAWS = 20_000
 PROPOSALS = [
     ("cn", lambda sur, grad: CrankNicolsonProposal(sur), 0.8, 0.9),
     ("cn_independence", lambda sur, grad: CrankNicolsonProposal(sur), 1.0, 1.0),
+    # over-relaxed: ρ = −0.5 (the default min_rho, reached at max_scale)
+    ("cn_overrelaxed", lambda sur, grad: CrankNicolsonProposal(sur), 1.2, 1.2),
     ("mala", lambda sur, grad: SurrogateLangevinProposal(grad, sur), 1.0, 1.2),
     ("hmc", lambda sur, grad: SurrogateHMCProposal(grad, sur, n_steps=3), 0.5, 0.6),
 ]
@@ -231,13 +234,18 @@ def _random_spd(rng, d):
     return a @ a.T / d + 0.3 * np.eye(d)
 
 
-@pytest.mark.parametrize("rho", [0.0, 0.3, 0.9, 0.999])
+def _cn_scale(rho):
+    """The scale at which CrankNicolsonProposal moves with ``rho`` (see its notes)."""
+    return math.sqrt(1 - rho**2) if rho >= 0 else 2 - math.sqrt(1 - rho**2)
+
+
+@pytest.mark.parametrize("rho", [-0.9, -0.5, -0.2, 0.0, 0.3, 0.9, 0.999])
 def test_cn_log_q_ratio_matches_brute_force(rho):
     rng = np.random.default_rng(11)
     d = 4
     sur = GaussianSurrogate(rng.normal(size=d), _random_spd(rng, d))
-    prop = CrankNicolsonProposal(sur)
-    scale = math.sqrt(1 - rho**2)
+    prop = CrankNicolsonProposal(sur, min_rho=min(rho, 0.0))
+    scale = _cn_scale(rho)
     assert prop.rho(scale) == pytest.approx(rho, abs=1e-12)
     for _ in range(5):
         x = sur.theta_hat + 2.0 * rng.normal(size=d)
@@ -256,9 +264,30 @@ def test_cn_log_q_ratio_matches_brute_force(rho):
         assert info.scale == pytest.approx(scale)
 
 
-def test_cn_scale_at_least_one_is_the_independence_sampler():
+def test_cn_rho_falls_with_the_scale_and_stops_at_min_rho():
     sur = _gauss_surrogate()
     prop = CrankNicolsonProposal(sur)
+    assert prop.min_rho == MIN_RHO == -0.5
+    assert prop.max_scale == pytest.approx(_cn_scale(-0.5))
+    scales = np.linspace(0.01, prop.max_scale, 200)
+    rhos = np.array([prop.rho(s) for s in scales])
+    assert np.all(np.diff(rhos) < 0)  # monotone, hence continuous at s = 1 (ρ = 0)
+    assert prop.rho(1.0) == 0.0 and prop.rho(prop.max_scale) == pytest.approx(-0.5)
+    # Beyond max_scale: clamped, and the info reports the scale used.
+    x = np.array([1.0, 0.0, -1.0])
+    x_max, r_max, _ = move(prop, np.random.default_rng(3), x, prop.max_scale)
+    x_big, r_big, info = move(prop, np.random.default_rng(3), x, 5.0)
+    np.testing.assert_array_equal(x_big, x_max)
+    assert r_big == r_max and info.rho == pytest.approx(-0.5)
+    assert info.scale == prop.max_scale
+    for bad in (-1.0, -1.5, 0.1, math.nan):
+        with pytest.raises(ValueError, match="min_rho must be in"):
+            CrankNicolsonProposal(sur, min_rho=bad)
+
+
+def test_cn_scale_one_is_the_independence_sampler():
+    sur = _gauss_surrogate()
+    prop = CrankNicolsonProposal(sur, min_rho=0.0)
     x = np.array([1.0, 0.0, -1.0])
     x1, r1, _ = move(prop, np.random.default_rng(3), x, 1.0)
     x5, r5, info = move(prop, np.random.default_rng(3), x, 5.0)
@@ -266,10 +295,47 @@ def test_cn_scale_at_least_one_is_the_independence_sampler():
     assert r1 == r5
     assert info.rho == 0.0
     assert info.scale == 1.0  # the scale it used: clamped
-    assert CrankNicolsonProposal.max_scale == 1.0  # the tuner stays at or below it
+    assert prop.max_scale == 1.0  # with min_rho = 0 the tuner stays at or below 1
     # Independent of x: the same draw from another start gives the same proposal.
     x2, _, _ = move(CrankNicolsonProposal(sur), np.random.default_rng(3), -x, 1.0)
     np.testing.assert_allclose(x2, x1, atol=1e-12)
+
+
+def test_cn_overrelaxed_chain_is_antithetic():
+    # On its own surrogate every proposal is accepted and the chain is the AR(1) process
+    # z' = ρz + √(1 − ρ²)ξ: lag-1 autocorrelation ρ, so means have an effective sample size
+    # (1 − ρ)/(1 + ρ) = 3 times the draws, and squares (1 − ρ²)/(1 + ρ²) = 0.6 times.
+    sur = _gauss_surrogate()
+    prop = CrankNicolsonProposal(sur)
+    samples, acc = mh_chain(prop, sur.log_density, SUR_MEAN, prop.max_scale, N_DRAWS, seed=4)
+    assert acc == 1.0
+    assert np.max(np.abs(moment_z(samples, SUR_MEAN, np.diag(SUR_COV)))) <= Z_MAX
+    z = (samples - SUR_MEAN) / np.sqrt(np.diag(SUR_COV))
+    lag1 = np.mean(z[1:] * z[:-1], axis=0) / np.mean(z * z, axis=0)
+    # sd of a lag-1 autocorrelation estimate of an AR(1): √((1 − ρ²)/n) ≈ 0.006
+    np.testing.assert_allclose(lag1, -0.5, atol=4 * math.sqrt(0.75 / N_DRAWS))
+
+
+class _WrongInnovationCN(CrankNicolsonProposal):
+    """Over-relaxed moves whose innovation is not √(1 − ρ²): not reversible w.r.t. N(θ̂, Σ)."""
+
+    def coefficients(self, scale):
+        rho, _ = super().coefficients(scale)
+        return rho, 1.0
+
+
+def test_check_rejects_cn_with_a_wrong_innovation():
+    # The log-q ratio ½‖z′‖² − ½‖z‖² holds only for the innovation √(1 − ρ²). With
+    # innovation 1 at ρ = −0.5 the chain on the surrogate's own density (which the
+    # antithetic test above passes) accepts every move and settles on N(θ̂, Σ/0.75)
+    # (measured max |z| 21.5 against 2.4 for the right innovation).
+    sur = _gauss_surrogate()
+    prop = _WrongInnovationCN(sur)
+    samples, acc = mh_chain(prop, sur.log_density, SUR_MEAN, prop.max_scale, N_DRAWS,
+                            seed=4)
+    assert acc == 1.0
+    z = moment_z(samples, SUR_MEAN, np.diag(SUR_COV))
+    assert np.max(np.abs(z)) > 3 * Z_MAX, z
 
 
 def _nonlinear_grad(x):

@@ -38,7 +38,8 @@ class ScalingTuner:
     therefore grows while proposals are accepted more often than ``target`` and shrinks
     otherwise, with steps that shrink over time so that it settles, and never exceeds
     ``maximum`` (the proposal's :attr:`~pymc_minibatch_mh.proposals.base.Proposal.max_scale`:
-    Crank–Nicolson's scale means nothing above 1). Tuning stops when PyMC ends the tuning
+    Crank–Nicolson's, where ρ reaches its ``min_rho``; :meth:`set_maximum` when that
+    changes). Tuning stops when PyMC ends the tuning
     phase; draws after it use a fixed proposal, so the chain is a valid (approximate) MCMC
     chain. Larger scales also mean larger minibatches (s² of Δ* grows with the squared
     step), so a lower target gives smaller batches.
@@ -92,6 +93,11 @@ class ScalingTuner:
     stats_dtypes_shapes: ClassVar[dict[str, tuple[Any, list[int]]]] = {
         "scaling": (np.float64, []),
     }
+
+    def set_maximum(self, maximum: float) -> None:
+        """A new largest scale (the proposal's changed); the current scale is clamped to it."""
+        self.maximum = maximum
+        self.log_scaling = min(self.log_scaling, math.log(maximum))
 
     def update(self, accept_prob: float) -> float:
         """Record one tuning step and return the new scale."""

@@ -28,11 +28,13 @@ from pymc_minibatch_mh.core.penalty import (
     acceptance_kind,
 )
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.proposals.crank_nicolson import CrankNicolsonProposal
 from pymc_minibatch_mh.transition.inner_steps import cost_per_effective_sample
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = [
     "DEFAULT_BARKER_SIGMA",
+    "OVERRELAX_ACCEPT",
     "PENALTY_PROPOSALS",
     "PENALTY_SIGMAS",
     "AcceptanceOption",
@@ -53,6 +55,17 @@ PENALTY_SIGMAS: tuple[float, ...] = (DEFAULT_PENALTY_SIGMA, 0.25, 0.1)
 #: The proposals with which ``acceptance="auto"`` runs the penalty test (the others keep
 #: Barker's): measured in ``benchmarks/bench_past_ceiling.py``.
 PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
+
+#: The least share of perfect proposals a test must accept for a Crank–Nicolson proposal
+#: chosen by name to over-relax (ρ down to its ``min_rho``; below it, ρ ≥ 0): the penalty
+#: test at σ ≤ 0.25 (0.90 and 0.96), not at σ = 0.5 (0.80) nor Barker's. Measured on
+#: logistic regressions (PyMC 5, 2 × 2000 draws; ``benchmarks/README.md``, "Stop 50"): the
+#: penalty test at σ = 0.1 (0.96) with ρ = −0.5 gave 2.2–2.9 times the bulk effective
+#: samples of ρ = 0, the tail's about the same, the standard deviation's 0.4–0.65 times
+#: (nutpie's profile); Barker's test (0.5) at N = 10⁵ and 10⁶, d = 100 gave 1.1–1.2 times
+#: the bulk's, 0.9–1.0 the tail's and 0.65–0.7 the standard deviation's at 3 transitions
+#: per draw, and at one the tail's fell to 0.3–0.75 times.
+OVERRELAX_ACCEPT: float = 0.9
 
 
 class MinibatchBarker(MinibatchStep):
@@ -325,6 +338,12 @@ class MinibatchBarker(MinibatchStep):
         self._update_kernel_settings()  # the chain's batch size
 
     def _proposal_chosen(self, proposal: Any) -> None:
+        #: The ``min_rho`` of a Crank–Nicolson proposal chosen by name, which the step uses
+        #: where its test accepts at least :data:`OVERRELAX_ACCEPT` of perfect proposals
+        #: (:meth:`_rho_for`); None for other proposals and for one given as an object.
+        self._overrelaxed_rho = (
+            proposal.min_rho if isinstance(proposal, CrankNicolsonProposal)
+            and isinstance(self._transition_settings["proposal"], str | None) else None)
         if self._acceptance_setting == "auto":
             self.initial_acceptance = (
                 "penalty" if proposal.name in PENALTY_PROPOSALS and not self.skew_correction
@@ -396,7 +415,7 @@ class MinibatchBarker(MinibatchStep):
             best = choose_test([
                 AcceptanceOption(c, budget.choose(
                     self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c)),
-                    self._steps_for(c))
+                    self._steps_for(c), self._rho_for(c))
                 for c in (*self._penalty_corrections, self._barker_correction)])
             if best.correction is not self.correction:
                 self._set_acceptance(best.acceptance, best.correction)
@@ -425,10 +444,27 @@ class MinibatchBarker(MinibatchStep):
         if not self._steps_auto or proposal.name not in PENALTY_PROPOSALS:
             return self.steps_per_draw
         accept, rows = perfect_accept(correction), float(self.batch_size)
+        rho = self._rho_for(correction)
         return min((1, int(proposal.transitions_per_draw)),
-                   key=lambda k: cost_per_effective_sample(accept, rows, k))
+                   key=lambda k: cost_per_effective_sample(accept, rows, k, rho=rho))
+
+    def _rho_for(self, correction: Any) -> float:
+        """Crank–Nicolson's most negative ρ with the test of ``correction``.
+
+        The over-relaxed ``min_rho`` where the test accepts at least
+        :data:`OVERRELAX_ACCEPT` of perfect proposals, else 0; 0 for other proposals and
+        for a proposal given as an object (whose own ``min_rho`` stays).
+        """
+        if self._overrelaxed_rho is None or perfect_accept(correction) < OVERRELAX_ACCEPT:
+            return 0.0
+        return self._overrelaxed_rho
 
     def _match_steps(self) -> None:
+        """The transitions per draw and Crank–Nicolson's ``min_rho`` of the test in use."""
+        if getattr(self, "_overrelaxed_rho", None) is not None:
+            self.proposal.min_rho = self._rho_for(self.correction)
+            if getattr(self, "tuner", None) is not None:  # else it is made with this maximum
+                self.tuner.set_maximum(self.proposal.max_scale)
         # Before the base has resolved steps_per_draw (the test chosen with the proposal)
         # there is nothing to match.
         if hasattr(self, "steps_per_draw"):
@@ -554,12 +590,15 @@ class AcceptanceOption:
         The error budget's choice of m for this test, from the chain's records.
     steps : int
         The transitions per draw it would run with.
+    rho : float
+        Crank–Nicolson's most negative ρ with it (0: not over-relaxed).
 
     """
 
     correction: Any
     choice: RowsChoice
     steps: int
+    rho: float = 0.0
 
     @property
     def acceptance(self) -> str:
@@ -571,12 +610,13 @@ class AcceptanceOption:
         """Predicted work per effective sample, in transitions.
 
         :func:`~pymc_minibatch_mh.transition.inner_steps.cost_per_effective_sample` at the
-        test's acceptance of a perfect proposal and the choice's predicted rows and rounds.
+        test's acceptance of a perfect proposal, the choice's predicted rows and rounds, and
+        ``rho``.
         """
         choice = self.choice
         return cost_per_effective_sample(perfect_accept(self.correction),
                                          choice.predicted_rows, self.steps,
-                                         choice.predicted_rows / max(choice.rows, 1))
+                                         choice.predicted_rows / max(choice.rows, 1), self.rho)
 
 
 def choose_test(options: Sequence[AcceptanceOption]) -> AcceptanceOption:

@@ -29,7 +29,9 @@ prefers, one at σ ≤ 0.25 and the proposal's 3 at σ = 0.5.
 **The cost model** (:func:`cost_per_effective_sample`) that chooses between settings: a
 perfect independence proposal accepted with probability α leaves the state unchanged with
 probability 1 − α at each transition, so ``k`` transitions give draws with lag-one
-autocorrelation ``r = (1 − α)^k`` and ``(1 − r)/(1 + r)`` effective samples per draw; a
+autocorrelation ``r = (1 − α)^k`` and ``(1 − r)/(1 + r)`` effective samples per draw (a
+proposal that keeps ρ of the state's deviation from the mean, Crank–Nicolson's
+autoregression, gives ``r = (1 − α(1 − ρ))^k``: below zero with over-relaxed moves); a
 draw costs ``k`` transitions, each its fixed work plus its rows (:data:`ROW_COST`) and
 growth rounds (:data:`ROUND_COST`), and its work besides them (:data:`DRAW_COST`).
 Measured on logistic regressions with Crank–Nicolson (PyMC 5, 2 × 2000 draws):
@@ -114,7 +116,7 @@ def resolve_steps_per_draw(value: Any, proposal: Proposal) -> int:
 
 
 def cost_per_effective_sample(accept: float, rows: float, steps: int,
-                              rounds: float = 1.0) -> float:
+                              rounds: float = 1.0, rho: float = 0.0) -> float:
     """Predicted work per effective sample, in transitions (the module docstring's model).
 
     Parameters
@@ -128,12 +130,17 @@ def cost_per_effective_sample(accept: float, rows: float, steps: int,
         Transitions per draw.
     rounds : float, optional
         Predicted rounds per transition (the first included).
+    rho : float, optional
+        The proposal's autoregression coefficient in the surrogate's whitened coordinates
+        (0: the independence sampler; below 0, Crank–Nicolson's over-relaxed moves): an
+        accepted move keeps ρ of the state's deviation from θ̂, a rejected one all of it.
 
     Returns
     -------
     float
         ``(DRAW_COST + steps · (1 + ROW_COST · rows + ROUND_COST · (rounds − 1))) /
-        ((1 − r)/(1 + r))`` with ``r = (1 − accept)^steps``.
+        ((1 − r)/(1 + r))`` with ``r = (1 − accept·(1 − ρ))^steps``, the lag-one
+        autocorrelation of a draw's linear functions.
 
     Examples
     --------
@@ -141,9 +148,11 @@ def cost_per_effective_sample(accept: float, rows: float, steps: int,
     10.32
     >>> round(cost_per_effective_sample(0.96, 2.0, 1), 2)  # the penalty test at σ = 0.1
     6.51
+    >>> round(cost_per_effective_sample(0.96, 2.0, 1, rho=-0.5), 2)  # ... over-relaxed
+    2.34
 
     """
-    r = (1.0 - accept) ** steps
+    r = (1.0 - accept * (1.0 - rho)) ** steps
     transition = 1.0 + ROW_COST * rows + ROUND_COST * max(rounds - 1.0, 0.0)
     return (DRAW_COST + steps * transition) * (1.0 + r) / (1.0 - r)
 
