@@ -23,6 +23,7 @@ from pymc_minibatch_mh.core.batch_budget import (
     AUTO_START_ROWS,
     BUDGET_CONFIDENCE,
     DEFAULT_ERROR_TOLERANCE,
+    MIN_RECORDS,
     MIN_ROWS,
     choose_rows,
     predicted_error,
@@ -55,6 +56,30 @@ def test_the_choice_is_the_smallest_candidate_within_the_budget():
     # With a cap below what the budget needs, the cap is taken and says so.
     capped = choose_rows(n_total, delta, spread, skew, 1e-7, 1e-8, 1.0, cap=10)
     assert capped.rows == 10 and not capped.within_budget
+
+
+def test_records_of_smaller_moves_are_scaled_up_for_over_relaxed_ones():
+    # Records of the independence sampler (ρ = 0) predict for over-relaxed moves (ρ = −0.5)
+    # with their spread times (1 − ρ)/(1 − 0) = 1.5; records of over-relaxed moves predict
+    # for ρ = 0 with their own spread (an upper bound), as for their own ρ.
+    delta, spread, skew = _records(count=MIN_RECORDS)  # all of them are used
+    n_total, kurtosis = 100_000, 0.0
+
+    def budget_of(rho):
+        budget = batch_budget.ErrorBudget(1e-5, 1.0, 1e-8, n_total)
+        for d, v, k in zip(delta, spread, skew, strict=True):
+            budget._records.append((d, v, k, kurtosis, rho))
+        return budget
+
+    def plain(scale):
+        return choose_rows(n_total, delta, spread * scale, skew, 1e-5, 1e-8, 1.0, n_total,
+                           kurtosis=kurtosis)
+
+    assert budget_of(0.0).choose(n_total, rho=-0.5) == plain(1.5)
+    assert budget_of(-0.5).choose(n_total, rho=0.0) == plain(1.0)
+    assert budget_of(-0.5).choose(n_total, rho=-0.5) == plain(1.0)
+    assert budget_of(-0.5).choose(n_total) == plain(1.0)
+    assert plain(1.5).rows > plain(1.0).rows
 
 
 def test_predicted_rows_follow_the_growth_rule():

@@ -228,6 +228,12 @@ def test_choose_test():
     r = 1 - perfect_accept(PenaltyCorrection(0.1)) * 1.5
     assert _option(0.1, 300, 1e-4, True, rho=-0.5).cost == pytest.approx(
         (5 + 1 + 0.004 * 300) * (1 + r) / (1 - r))
+    # A test that may over-relax is two options; the over-relaxed one's records are scaled
+    # up (ErrorBudget.choose), and where that takes it out of the budget the same σ
+    # without over-relaxation is taken.
+    assert choose_test([_option(0.5, 10, 1e-4, True, steps=3),
+                        _option(0.25, 100, 2e-3, False, rho=-0.5),
+                        _option(0.25, 60, 1e-4, True)]).rho == 0.0
     # Barker's test only where the penalty tests need far more rows.
     costly = [_option(0.5, 1000, 1e-4, True), _option(None, 100, 1e-4, True, steps=3)]
     assert choose_test(costly).acceptance == "barker"
@@ -254,9 +260,10 @@ def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch)
 
     choose = batch_budget.ErrorBudget.choose
 
-    def over_budget(self, n_total, *, sigma=None, table_error=None, kind=None, cap=None):
+    def over_budget(self, n_total, *, sigma=None, table_error=None, kind=None, cap=None,
+                    rho=None):
         choice = choose(self, n_total, sigma=sigma, table_error=table_error, kind=kind,
-                        cap=cap)
+                        cap=cap, rho=rho)
         penalty = (self.kind if kind is None else kind) != BARKER
         return batch_budget.RowsChoice(choice.rows, 0.5 if penalty else 0.1,
                                        choice.predicted_rows, False, choice.records,

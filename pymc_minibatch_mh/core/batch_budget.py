@@ -297,7 +297,7 @@ class ErrorBudget:
         self.sigma = float(sigma)
         self.table_error = float(table_error)
         self.cap = int(cap)
-        self._records: list[tuple[float, float, float, float]] = []
+        self._records: list[tuple[float, float, float, float, float]] = []
 
     def reset(self) -> None:
         """Forget the records (a chain's start)."""
@@ -307,35 +307,45 @@ class ErrorBudget:
         return len(self._records)
 
     def record(self, n: int, n_total: int, variance: float, edgeworth: float,
-               delta_star: float, kurtosis: float = 0.0) -> None:
+               delta_star: float, kurtosis: float = 0.0, rho: float = 0.0) -> None:
         """Record one transition that stopped on ``n`` rows with ``s² = variance``.
 
         Transitions that read all N rows, or fewer than two, or stopped on a non-finite
         value, carry no spread and are skipped. ``edgeworth`` is the test's Edgeworth stat,
-        ``kurtosis`` the penalty test's excess kurtosis of its values.
+        ``kurtosis`` the penalty test's excess kurtosis of its values, ``rho`` the
+        autoregression coefficient of the move (Crank–Nicolson's; 0 for the others).
         """
         if not (1 < n < n_total and 0.0 < variance < math.inf and math.isfinite(delta_star)
                 and math.isfinite(edgeworth)):
             return
         skew = skew_from_edgeworth(edgeworth, n)
         self._records.append((delta_star, population_variance(variance, n, n_total), abs(skew),
-                              kurtosis if math.isfinite(kurtosis) else 0.0))
+                              kurtosis if math.isfinite(kurtosis) else 0.0, float(rho)))
 
     def choose(self, n_total: int, *, sigma: float | None = None,
                table_error: float | None = None, kind: int | None = None,
-               cap: int | None = None) -> RowsChoice:
+               cap: int | None = None, rho: float | None = None) -> RowsChoice:
         """The rows per round for the budget, from the second half of the records.
 
         The first half is left out (the proposal's scale is still being tuned there), but
         at least the last :data:`MIN_RECORDS` records are used. The records describe the
         rows, not the test: ``sigma``, ``table_error`` and ``kind`` choose for another
-        test than the budget's own; ``cap`` for another largest m.
+        test than the budget's own; ``cap`` for another largest m; ``rho`` for moves with
+        another autoregression coefficient than the records': a record of a move with a
+        larger ρ has its spread scaled up by ``(1 − rho)/(1 − ρ)``, the ratio of the
+        moves' mean squared lengths in the surrogate's whitened coordinates (``2 − 2ρ``
+        per coordinate), and one of a move with a smaller ρ keeps its spread (an upper
+        bound: the residuals of over-relaxed moves were measured 1.0–1.5 times as
+        spread as those of the independence sampler's).
         """
         count = len(self._records)
         first = max(0, min(count // 2, count - MIN_RECORDS))
         kept = np.asarray(self._records[first:], dtype=np.float64)
+        spread = kept[:, 1]
+        if rho is not None:
+            spread = spread * np.maximum(1.0, (1.0 - rho) / (1.0 - kept[:, 4]))
         return choose_rows(
-            n_total, kept[:, 0], kept[:, 1], kept[:, 2], self.tolerance,
+            n_total, kept[:, 0], spread, kept[:, 2], self.tolerance,
             self.table_error if table_error is None else table_error,
             self.sigma if sigma is None else sigma, self.cap if cap is None else cap,
             self.kind if kind is None else kind, float(np.mean(kept[:, 3])))

@@ -58,7 +58,9 @@ PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 
 #: The least share of perfect proposals a test must accept for a Crank–Nicolson proposal
 #: chosen by name to over-relax (ρ down to its ``min_rho``; below it, ρ ≥ 0): the penalty
-#: test at σ ≤ 0.25 (0.90 and 0.96), not at σ = 0.5 (0.80) nor Barker's. Measured on
+#: test at σ ≤ 0.25 (0.90 and 0.96), not at σ = 0.5 (0.80) nor Barker's. With
+#: ``acceptance="auto"`` such a test is two options of :func:`choose_test`, with and
+#: without over-relaxation (whose larger moves need more rows). Measured on
 #: logistic regressions (PyMC 5, 2 × 2000 draws; ``benchmarks/README.md``, "Stop 50"): the
 #: penalty test at σ = 0.1 (0.96) with ρ = −0.5 gave 2.2–2.9 times the bulk effective
 #: samples of ρ = 0, the tail's about the same, the standard deviation's 0.4–0.65 times
@@ -338,9 +340,10 @@ class MinibatchBarker(MinibatchStep):
         self._update_kernel_settings()  # the chain's batch size
 
     def _proposal_chosen(self, proposal: Any) -> None:
-        #: The ``min_rho`` of a Crank–Nicolson proposal chosen by name, which the step uses
-        #: where its test accepts at least :data:`OVERRELAX_ACCEPT` of perfect proposals
-        #: (:meth:`_rho_for`); None for other proposals and for one given as an object.
+        #: The ``min_rho`` of a Crank–Nicolson proposal chosen by name, which the step may
+        #: use where its test accepts at least :data:`OVERRELAX_ACCEPT` of perfect
+        #: proposals (:meth:`_rhos_for`); None for other proposals and for one given as an
+        #: object (whose own ``min_rho`` stays).
         self._overrelaxed_rho = (
             proposal.min_rho if isinstance(proposal, CrankNicolsonProposal)
             and isinstance(self._transition_settings["proposal"], str | None) else None)
@@ -349,11 +352,17 @@ class MinibatchBarker(MinibatchStep):
                 "penalty" if proposal.name in PENALTY_PROPOSALS and not self.skew_correction
                 and not self._correction_given else "barker")
             self._set_acceptance(self.initial_acceptance)
+        else:  # the test was set before the proposal existed
+            self.overrelaxation = min(self._rhos_for(self.correction))
+            self._match_steps()
 
-    def _set_acceptance(self, acceptance: str, correction: Any = None) -> None:
+    def _set_acceptance(self, acceptance: str, correction: Any = None,
+                        rho: float | None = None) -> None:
         """Run ``acceptance``'s test from now on (its σ, correction and error budget).
 
-        ``correction``: the penalty test's of the σ chosen (default: the chain's first).
+        ``correction``: the penalty test's of the σ chosen (default: the chain's first);
+        ``rho``: Crank–Nicolson's ``min_rho`` with it, one of :meth:`_rhos_for` (default:
+        the most negative).
         """
         #: The acceptance function in use: ``"barker"`` or ``"penalty"`` (the
         #: ``penalty_test`` stat says which one each draw used).
@@ -367,6 +376,9 @@ class MinibatchBarker(MinibatchStep):
         self.target_accept_factor = 2.0 * perfect_accept(self.correction)
         #: σ of the test in use (the ``test_sigma`` stat has each draw's).
         self.sigma = float(self.correction.sigma)
+        #: Crank–Nicolson's ``min_rho`` with the test in use (0 where it does not
+        #: over-relax).
+        self.overrelaxation = min(self._rhos_for(self.correction)) if rho is None else rho
         self._match_steps()
         if getattr(self, "tuner", None) is not None and self.default_target:
             self.tuner.target = self.default_target_accept()  # a switch during tuning
@@ -412,16 +424,18 @@ class MinibatchBarker(MinibatchStep):
             # At every choice (the first after MEASURE_FIRST transitions, so that the rest
             # of tuning runs the test chosen): every test's choice from the same records,
             # which describe the rows, not the test.
+            # A test that may over-relax Crank–Nicolson is an option with and without it.
             best = choose_test([
                 AcceptanceOption(c, budget.choose(
-                    self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c)),
-                    self._steps_for(c), self._rho_for(c))
-                for c in (*self._penalty_corrections, self._barker_correction)])
-            if best.correction is not self.correction:
-                self._set_acceptance(best.acceptance, best.correction)
+                    self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c),
+                    rho=rho), self._steps_for(c, rho), rho)
+                for c in (*self._penalty_corrections, self._barker_correction)
+                for rho in self._rhos_for(c)])
+            if best.correction is not self.correction or best.rho != self.overrelaxation:
+                self._set_acceptance(best.acceptance, best.correction, best.rho)
             choice = best.choice
         else:
-            choice = budget.choose(self._n_rows)
+            choice = budget.choose(self._n_rows, rho=self.overrelaxation)
         self.rows_choice = choice
         if final and not choice.within_budget:
             self._warn_over_budget(choice)
@@ -431,44 +445,50 @@ class MinibatchBarker(MinibatchStep):
         self._skew_floor = choice.skew
         self._update_kernel_settings()
 
-    def _steps_for(self, correction: Any) -> int:
+    def _steps_for(self, correction: Any, rho: float = 0.0) -> int:
         """The transitions per draw that the test of ``correction`` runs with.
 
         With ``steps_per_draw="auto"`` and a proposal of :data:`PENALTY_PROPOSALS`, one or
         the proposal's own number, whichever
         :func:`~pymc_minibatch_mh.transition.inner_steps.cost_per_effective_sample`
-        predicts cheaper for the test's acceptance of a perfect proposal; else the
-        setting.
+        predicts cheaper for the test's acceptance of a perfect proposal and
+        Crank–Nicolson's ``rho``; else the setting.
         """
         proposal = self.proposal
         if not self._steps_auto or proposal.name not in PENALTY_PROPOSALS:
             return self.steps_per_draw
         accept, rows = perfect_accept(correction), float(self.batch_size)
-        rho = self._rho_for(correction)
         return min((1, int(proposal.transitions_per_draw)),
                    key=lambda k: cost_per_effective_sample(accept, rows, k, rho=rho))
 
-    def _rho_for(self, correction: Any) -> float:
-        """Crank–Nicolson's most negative ρ with the test of ``correction``.
+    def _rhos_for(self, correction: Any) -> tuple[float, ...]:
+        """Crank–Nicolson's ``min_rho`` values the test of ``correction`` may run with.
 
-        The over-relaxed ``min_rho`` where the test accepts at least
-        :data:`OVERRELAX_ACCEPT` of perfect proposals, else 0; 0 for other proposals and
-        for a proposal given as an object (whose own ``min_rho`` stays).
+        ``(over-relaxed min_rho, 0)`` where the test accepts at least
+        :data:`OVERRELAX_ACCEPT` of perfect proposals and the proposal is Crank–Nicolson
+        chosen by name, else ``(0,)``.
         """
-        if self._overrelaxed_rho is None or perfect_accept(correction) < OVERRELAX_ACCEPT:
+        if (getattr(self, "_overrelaxed_rho", None) is None
+                or perfect_accept(correction) < OVERRELAX_ACCEPT):
+            return (0.0,)
+        return (self._overrelaxed_rho, 0.0)
+
+    def _move_rho(self) -> float:
+        """The autoregression coefficient of this transition's move (0 unless Crank–Nicolson)."""
+        if self._overrelaxed_rho is None:
             return 0.0
-        return self._overrelaxed_rho
+        return self.proposal.rho(self.scaling * self._step_factor)
 
     def _match_steps(self) -> None:
         """The transitions per draw and Crank–Nicolson's ``min_rho`` of the test in use."""
         if getattr(self, "_overrelaxed_rho", None) is not None:
-            self.proposal.min_rho = self._rho_for(self.correction)
+            self.proposal.min_rho = self.overrelaxation
             if getattr(self, "tuner", None) is not None:  # else it is made with this maximum
                 self.tuner.set_maximum(self.proposal.max_scale)
         # Before the base has resolved steps_per_draw (the test chosen with the proposal)
         # there is nothing to match.
         if hasattr(self, "steps_per_draw"):
-            self.steps_per_draw = self._steps_for(self.correction)
+            self.steps_per_draw = self._steps_for(self.correction, self.overrelaxation)
 
     def _warn_over_budget(self, choice: RowsChoice) -> None:
         """Say once that the default budget's cap leaves the predicted error above it.
@@ -480,7 +500,7 @@ class MinibatchBarker(MinibatchStep):
         if self._over_budget_warned or self._rows_cap >= self._n_rows:
             return
         self._over_budget_warned = True
-        needed = self._budget.choose(self._n_rows, cap=self._n_rows)
+        needed = self._budget.choose(self._n_rows, cap=self._n_rows, rho=self.overrelaxation)
         warnings.warn(
             f"{type(self).__name__}: batch_size='auto' keeps {choice.rows} rows per round, "
             "the most the default error budget takes, but the predicted per-step error of "
@@ -509,7 +529,8 @@ class MinibatchBarker(MinibatchStep):
         outcome = test(self.rng, estimator, data_free)
         if measuring:
             self._budget.record(outcome.batch_size, estimator.n_total, outcome.variance,
-                                outcome.edgeworth, outcome.delta_star, outcome.kurtosis)
+                                outcome.edgeworth, outcome.delta_star, outcome.kurtosis,
+                                self._move_rho())
         if count == MEASURE_FIRST or (count > MEASURE_FIRST and count % RECHOOSE_EVERY == 0):
             self._choice_due = True
         return outcome
