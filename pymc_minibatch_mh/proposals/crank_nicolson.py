@@ -65,6 +65,11 @@ __all__ = ["MIN_RHO", "CrankNicolsonProposal"]
 MIN_RHO: float = -0.5
 
 
+def _complement(x: float) -> float:
+    """``√(1 − x²)``, as ``√((1 − x)(1 + x))`` (accurate near ±1)."""
+    return math.sqrt(max(0.0, (1.0 - x) * (1.0 + x)))
+
+
 class CrankNicolsonProposal(Proposal):
     r"""Preconditioned Crank-Nicolson moves around the surrogate's mean.
 
@@ -160,15 +165,19 @@ class CrankNicolsonProposal(Proposal):
     @property
     def max_scale(self) -> float:  # type: ignore[override]  # a ClassVar in the base
         """The scale at which ρ reaches :attr:`min_rho` (1 with ``min_rho=0``)."""
-        return 2.0 - math.sqrt((1.0 - self._min_rho) * (1.0 + self._min_rho))
+        return 2.0 - _complement(self._min_rho)
+
+    def _clamp(self, scale: float) -> float:
+        """``scale`` checked and clamped to :attr:`max_scale`: the scale a move uses."""
+        return min(check_scale(scale, "scale"), self.max_scale)
 
     def coefficients(self, scale: float) -> tuple[float, float]:
         """``(ρ, √(1 − ρ²))`` for ``scale`` (clamped to :attr:`max_scale`); see the notes."""
-        s = check_scale(scale, "scale")
-        if s >= self.max_scale:
-            return self.min_rho, math.sqrt((1.0 - self.min_rho) * (1.0 + self.min_rho))
+        s = self._clamp(scale)
+        if s >= self.max_scale:  # min_rho exactly, not through 2 − s's rounding
+            return self.min_rho, _complement(self.min_rho)
         innovation = s if s <= 1.0 else 2.0 - s
-        rho = math.sqrt(max(0.0, (1.0 - innovation) * (1.0 + innovation)))
+        rho = _complement(innovation)
         return (rho if s <= 1.0 else -rho), innovation
 
     def rho(self, scale: float) -> float:
@@ -203,6 +212,7 @@ class CrankNicolsonProposal(Proposal):
             The log-q ratio ``½‖z′‖² − ½‖z‖²`` (see the class notes), the scale used and ρ.
 
         """
+        scale = self._clamp(scale)
         rho, innovation = self.coefficients(scale)
         z = state.whitened
         if z is None:
@@ -211,5 +221,4 @@ class CrankNicolsonProposal(Proposal):
         z_new = rho * z + innovation * xi
         x_new = self.surrogate.theta_hat + self.surrogate.chol @ z_new
         ratio = 0.5 * float(z_new @ z_new - z @ z)
-        scale = min(float(scale), self.max_scale)
         return ProposalState(x_new, whitened=z_new), ProposalInfo(ratio, scale=scale, rho=rho)

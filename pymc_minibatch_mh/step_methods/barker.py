@@ -283,6 +283,8 @@ class MinibatchBarker(MinibatchStep):
         self._rows_cap = AUTO_START_ROWS if error_tolerance is None else 2**62
         # The records and the choice of m (None with a fixed m).
         self._budget: ErrorBudget | None = None
+        # Crank–Nicolson's over-relaxed min_rho (set with the proposal: _proposal_chosen).
+        self._overrelaxed_rho: float | None = None
         #: The acceptance function each chain starts with (``"barker"`` or ``"penalty"``).
         self.initial_acceptance = acceptance
         if acceptance != "auto":
@@ -352,9 +354,8 @@ class MinibatchBarker(MinibatchStep):
                 "penalty" if proposal.name in PENALTY_PROPOSALS and not self.skew_correction
                 and not self._correction_given else "barker")
             self._set_acceptance(self.initial_acceptance)
-        else:  # the test was set before the proposal existed
-            self.overrelaxation = min(self._rhos_for(self.correction))
-            self._match_steps()
+        else:  # the test was set before the proposal existed: its over-relaxation now
+            self._set_acceptance(self.acceptance, self.correction)
 
     def _set_acceptance(self, acceptance: str, correction: Any = None,
                         rho: float | None = None) -> None:
@@ -468,8 +469,7 @@ class MinibatchBarker(MinibatchStep):
         :data:`OVERRELAX_ACCEPT` of perfect proposals and the proposal is Crank–Nicolson
         chosen by name, else ``(0,)``.
         """
-        if (getattr(self, "_overrelaxed_rho", None) is None
-                or perfect_accept(correction) < OVERRELAX_ACCEPT):
+        if self._overrelaxed_rho is None or perfect_accept(correction) < OVERRELAX_ACCEPT:
             return (0.0,)
         return (self._overrelaxed_rho, 0.0)
 
@@ -481,7 +481,7 @@ class MinibatchBarker(MinibatchStep):
 
     def _match_steps(self) -> None:
         """The transitions per draw and Crank–Nicolson's ``min_rho`` of the test in use."""
-        if getattr(self, "_overrelaxed_rho", None) is not None:
+        if self._overrelaxed_rho is not None:
             self.proposal.min_rho = self.overrelaxation
             if getattr(self, "tuner", None) is not None:  # else it is made with this maximum
                 self.tuner.set_maximum(self.proposal.max_scale)
