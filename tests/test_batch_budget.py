@@ -95,6 +95,33 @@ def test_predicted_rows_follow_the_growth_rule():
     assert rows == 5000  # s²(5000) = a (N − 5000)/5000 < σ²: no growth
 
 
+def test_the_cheapest_rows_trade_rows_against_growth_rounds():
+    # Steps that need about 3,300 rows (the test above): with rounds as dear as rows, one
+    # round of about that many; with rounds free, the fewest rows per round; with this
+    # package's costs, the least predicted cost of the candidates.
+    n_total = 10_000
+    delta, spread = np.zeros(1), np.array([0.5 / n_total])
+    rows_at = {m: predicted_error(m, n_total, delta, spread, np.zeros(1), 0.0, 1.0)[1]
+               for m in range(MIN_ROWS, n_total + 1)}
+
+    def cheapest(row_cost, round_cost):
+        def cost(rows, rounds):
+            return row_cost * rows + round_cost * (rounds - 1.0)
+
+        return batch_budget.cheapest_rows(n_total, delta, spread, 1.0, n_total, cost)
+
+    assert cheapest(1.0, 0.0) == MIN_ROWS
+    dear = cheapest(0.0, 1.0)
+    assert rows_at[dear] == dear and dear > 3000  # one round
+    middle = cheapest(0.004, 0.7)
+    candidates = batch_budget._candidates(n_total)
+    costs = [0.004 * rows_at[int(m)] + 0.7 * (rows_at[int(m)] / m - 1.0) for m in candidates]
+    assert middle == candidates[int(np.argmin(costs))]
+    # Residuals that need no growth: the fewest rows per round, whatever the round's cost.
+    assert batch_budget.cheapest_rows(n_total, delta, spread * 1e-6, 1.0, n_total,
+                                      lambda rows, rounds: rounds) == MIN_ROWS
+
+
 def _logistic_model(n=10_000, d=10, seed=2):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, d - 1))
@@ -128,11 +155,12 @@ def test_the_sampled_draws_keep_their_error_within_the_default_budget():
     # The penalty test at σ = 0.5 (zero-config's chooses its σ as well: the next test).
     step, stats, warmup = _run(_logistic_model(), discard_tuned_samples=False,
                                acceptance="penalty")
-    # Tuning: the measuring transitions use 100 rows per round, the others the m chosen
-    # so far (a draw's stat is its last transition's).
+    # Tuning: the measuring transitions use 100 rows per round, the others the cheapest m
+    # for the records so far, whatever the error: here fewer than the draws' m (a draw's
+    # stat is its last transition's).
     tuning_rows = set(np.asarray(warmup["rows_per_round"]).ravel().tolist())
-    assert AUTO_START_ROWS in tuning_rows and len(tuning_rows) > 1
-    assert step.rows_choice.rows in tuning_rows
+    assert tuning_rows == {AUTO_START_ROWS, step.tuning_rows}
+    assert step.tuning_rows < step.rows_choice.rows
     rows = np.asarray(stats["rows_per_round"]).ravel()
     # Control variates make the residuals small: far fewer rows than the start's 100.
     assert step.rows_choice is not None and step.rows_choice.rows < 30

@@ -41,6 +41,7 @@ wrong" page): the audit (``audit_every``) measures the truth.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -66,6 +67,7 @@ __all__ = [
     "RECHOOSE_EVERY",
     "ErrorBudget",
     "RowsChoice",
+    "cheapest_rows",
     "choose_rows",
     "predicted_error",
 ]
@@ -198,6 +200,37 @@ class RowsChoice:
     error_bound: float = math.nan
 
 
+def _candidates(cap: int) -> np.ndarray:
+    """Rows per round to consider: :data:`MIN_ROWS`, ``cap`` and about 20 per decade between."""
+    decades = max(1.0, math.log10(cap / MIN_ROWS))
+    return np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
+
+
+def cheapest_rows(
+    n_total: int, delta_star: np.ndarray, spread: np.ndarray, sigma: float, cap: int,
+    cost: Callable[[float, float], float], kind: int = BARKER,
+) -> int:
+    """The rows per round of least predicted ``cost(rows, rounds)`` per step, whatever the error.
+
+    For steps whose draws are not kept (tuning's that do not measure): their test still
+    grows until ``s² < σ²``, so the rows follow the growth rule of :func:`predicted_error`
+    (mean over the records), and the rounds are those rows over ``m``. The candidates are
+    those of :func:`choose_rows`; the smallest on a tie.
+    """
+    cap = max(MIN_ROWS, min(int(cap), int(n_total)))
+    delta_star = np.ascontiguousarray(delta_star, dtype=np.float64)
+    spread = np.ascontiguousarray(spread, dtype=np.float64)
+    no_skew = np.zeros_like(delta_star)
+    best, best_cost = MIN_ROWS, math.inf
+    for m in _candidates(cap):
+        rows = predicted_error(int(m), int(n_total), delta_star, spread, no_skew, 0.0,
+                               float(sigma), int(kind), 0.0)[1]
+        value = cost(rows, rows / m)
+        if value < best_cost:
+            best, best_cost = int(m), value
+    return best
+
+
 def choose_rows(
     n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
     budget: float, table_error: float, sigma: float, cap: int, kind: int = BARKER,
@@ -243,8 +276,7 @@ def choose_rows(
     # measure it, RowsChoice.skew), so the prediction does too.
     mean_skew = float(np.mean(skew))
     skew = np.maximum(skew, mean_skew)
-    decades = max(1.0, math.log10(cap / MIN_ROWS))
-    grid = np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
+    grid = _candidates(cap)
     args = (np.ascontiguousarray(delta_star, dtype=np.float64),
             np.ascontiguousarray(spread, dtype=np.float64),
             np.ascontiguousarray(skew, dtype=np.float64), float(table_error), float(sigma),
@@ -338,14 +370,30 @@ class ErrorBudget:
         bound: the residuals of over-relaxed moves were measured 1.0–1.5 times as
         spread as those of the independence sampler's).
         """
+        kept, spread = self._kept(rho)
+        return choose_rows(
+            n_total, kept[:, 0], spread, kept[:, 2], self.tolerance,
+            self.table_error if table_error is None else table_error,
+            self.sigma if sigma is None else sigma, self.cap if cap is None else cap,
+            self.kind if kind is None else kind, float(np.mean(kept[:, 3])))
+
+    def cheapest(self, n_total: int, cost: Callable[[float, float], float], *,
+                 rho: float | None = None) -> int:
+        """The rows per round of least predicted ``cost(rows, rounds)``, whatever the error.
+
+        :func:`cheapest_rows` for the budget's test, from the records :meth:`choose` uses
+        (``rho`` as there).
+        """
+        kept, spread = self._kept(rho)
+        return cheapest_rows(n_total, kept[:, 0], spread, self.sigma, self.cap, cost,
+                             self.kind)
+
+    def _kept(self, rho: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The records a choice is made from, and their spreads for moves of ``rho``."""
         count = len(self._records)
         first = max(0, min(count // 2, count - MIN_RECORDS))
         kept = np.asarray(self._records[first:], dtype=np.float64)
         spread = kept[:, 1]
         if rho is not None:
             spread = spread * np.maximum(1.0, (1.0 - rho) / (1.0 - kept[:, 4]))
-        return choose_rows(
-            n_total, kept[:, 0], spread, kept[:, 2], self.tolerance,
-            self.table_error if table_error is None else table_error,
-            self.sigma if sigma is None else sigma, self.cap if cap is None else cap,
-            self.kind if kind is None else kind, float(np.mean(kept[:, 3])))
+        return kept, spread

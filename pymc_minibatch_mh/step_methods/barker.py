@@ -29,7 +29,7 @@ from pymc_minibatch_mh.core.penalty import (
 )
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.proposals.crank_nicolson import CrankNicolsonProposal
-from pymc_minibatch_mh.transition.inner_steps import cost_per_effective_sample
+from pymc_minibatch_mh.transition.inner_steps import cost_per_effective_sample, transition_cost
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = [
@@ -294,6 +294,10 @@ class MinibatchBarker(MinibatchStep):
         self._over_budget_warned = False
         self._skew_floor = 0.0
         self._measure_rows = AUTO_START_ROWS
+        #: With ``batch_size="auto"``, the rows per round of the tuning transitions that do
+        #: not measure: the cheapest for the records so far, whatever the error (their
+        #: draws are not kept; the growth rule still runs).
+        self.tuning_rows = AUTO_START_ROWS
         self._rows_used = AUTO_START_ROWS
         # Whether the records call for a choice of m before the next transition's test.
         self._choice_due = False
@@ -336,6 +340,8 @@ class MinibatchBarker(MinibatchStep):
 
         self._test = test(self.batch_size, self._skew_floor)
         self._measure_test = test(self._measure_rows, 0.0) if self.auto_rows else self._test
+        self._tuning_test = (test(self.tuning_rows, self._skew_floor) if self.auto_rows
+                             else self._test)
 
     def _start_chain(self, rng: Any) -> None:
         super()._start_chain(rng)
@@ -397,6 +403,7 @@ class MinibatchBarker(MinibatchStep):
             self._set_acceptance(self.initial_acceptance)
         if self.auto_rows:  # each chain measures afresh, on the data it starts with
             self.batch_size = self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
+            self.tuning_rows = self.batch_size
             self._budget.reset()
             self._skew_floor = 0.0
             self._tuning_transitions = 0
@@ -440,10 +447,16 @@ class MinibatchBarker(MinibatchStep):
         self.rows_choice = choice
         if final and not choice.within_budget:
             self._warn_over_budget(choice)
-        if choice.rows != self.batch_size:
-            self.policy.reset(choice.rows)  # the prefetch's history was for the old m
         self.batch_size = choice.rows
         self._skew_floor = choice.skew
+        if not final:
+            # The draws of the tuning transitions that do not measure are not kept.
+            self.tuning_rows = budget.cheapest(self._n_rows, transition_cost,
+                                               rho=self.overrelaxation)
+        # The rows per round of the transitions to come (the measuring ones aside).
+        rows = choice.rows if final else self.tuning_rows
+        if rows != self.policy.batch_size:
+            self.policy.reset(rows)  # the prefetch's history was for another m
         self._update_kernel_settings()
 
     def _steps_for(self, correction: Any, rho: float = 0.0) -> int:
@@ -521,10 +534,11 @@ class MinibatchBarker(MinibatchStep):
             return self._test(self.rng, estimator, data_free)
         # Tuning with batch_size="auto": the measuring transitions (the first MEASURE_FIRST,
         # then one in MEASURE_EVERY) use the first m and are recorded; the others use the
-        # m chosen from the records so far (every RECHOOSE_EVERY transitions).
+        # cheapest m for the records so far (chosen with m every RECHOOSE_EVERY
+        # transitions): their draws are not kept, so the error budget does not size them.
         count = self._tuning_transitions = self._tuning_transitions + 1
         measuring = count <= MEASURE_FIRST or count % MEASURE_EVERY == 0
-        test = self._measure_test if measuring else self._test
+        test = self._measure_test if measuring else self._tuning_test
         self._rows_used = test.batch_size
         outcome = test(self.rng, estimator, data_free)
         if measuring:

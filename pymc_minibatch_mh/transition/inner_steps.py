@@ -74,6 +74,7 @@ __all__ = [
     "cost_per_effective_sample",
     "merge_stats",
     "resolve_steps_per_draw",
+    "transition_cost",
 ]
 
 #: A draw's work besides its transitions, in units of a transition's fixed work: PyMC's
@@ -138,9 +139,9 @@ def cost_per_effective_sample(accept: float, rows: float, steps: int,
     Returns
     -------
     float
-        ``(DRAW_COST + steps · (1 + ROW_COST · rows + ROUND_COST · (rounds − 1))) /
-        ((1 − r)/(1 + r))`` with ``r = (1 − accept·(1 − ρ))^steps``, the lag-one
-        autocorrelation of a draw's linear functions.
+        ``(DRAW_COST + steps · transition_cost(rows, rounds)) / ((1 − r)/(1 + r))``
+        with ``r = (1 − accept·(1 − ρ))^steps``, the lag-one autocorrelation of a draw's
+        linear functions.
 
     Examples
     --------
@@ -153,8 +154,22 @@ def cost_per_effective_sample(accept: float, rows: float, steps: int,
 
     """
     r = (1.0 - accept * (1.0 - rho)) ** steps
-    transition = 1.0 + ROW_COST * rows + ROUND_COST * max(rounds - 1.0, 0.0)
-    return (DRAW_COST + steps * transition) * (1.0 + r) / (1.0 - r)
+    return (DRAW_COST + steps * transition_cost(rows, rounds)) * (1.0 + r) / (1.0 - r)
+
+
+def transition_cost(rows: float, rounds: float = 1.0) -> float:
+    """Predicted work of one transition, in transitions' fixed work (the module's model).
+
+    ``1 + ROW_COST · rows + ROUND_COST · (rounds − 1)``: its fixed work, the rows its test
+    reads and the growth rounds after the first.
+
+    Examples
+    --------
+    >>> transition_cost(250.0)  # a transition costs as much as about 250 rows in memory
+    2.0
+
+    """
+    return 1.0 + ROW_COST * rows + ROUND_COST * max(rounds - 1.0, 0.0)
 
 
 def merge_stats(transitions: Sequence[dict[str, Any]]) -> dict[str, Any]:
