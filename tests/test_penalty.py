@@ -238,15 +238,23 @@ def test_choose_test():
     costly = [_option(0.5, 1000, 1e-4, True), _option(None, 100, 1e-4, True, steps=3)]
     assert choose_test(costly).acceptance == "barker"
     # Outside the budget an option is not taken; with none within, the smallest error.
-    over = [_option(0.5, 100, 2e-3, False), _option(None, 100, 9e-4, True, steps=3)]
+    over = [_option(0.5, 100, 2e-3, False, steps=3), _option(None, 100, 9e-4, True, steps=3)]
     assert choose_test(over).acceptance == "barker"
-    assert choose_test([_option(0.5, 100, 3e-3, False),
+    assert choose_test([_option(0.5, 100, 3e-3, False, steps=3),
                         _option(None, 100, 2e-3, False, steps=3)]).acceptance == "barker"
-    assert choose_test([_option(0.5, 100, 2e-3, False),
+    assert choose_test([_option(0.5, 100, 2e-3, False, steps=3),
                         _option(None, 100, 3e-3, False, steps=3)]).acceptance == "penalty"
-    # There a smaller σ is left out, though its minibatch grows to a smaller error.
-    assert choose_test([_option(0.5, 100, 3e-3, False), _option(0.1, 750, 1e-3, False),
+    # There a smaller σ is left out, though its minibatch grows to a smaller error, and so
+    # is one transition per draw, though its larger cap (300 rows per round) does too.
+    assert choose_test([_option(0.5, 100, 3e-3, False, steps=3),
+                        _option(0.1, 750, 1e-3, False, steps=3),
                         _option(None, 100, 2e-3, False, steps=3)]).acceptance == "barker"
+    fallback = choose_test([_option(0.5, 100, 3e-3, False, steps=3),
+                            _option(0.25, 300, 1e-3, False), _option(0.25, 100, 4e-3, False,
+                                                                     steps=3),
+                            _option(None, 300, 1.5e-3, False),
+                            _option(None, 100, 2e-3, False, steps=3)])
+    assert fallback.acceptance == "barker" and fallback.steps == 3
 
 
 def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):

@@ -73,7 +73,9 @@ __all__ = [
 ]
 
 #: Rows per round while ``batch_size="auto"`` measures (tuning), and the most that the
-#: default budget chooses: it never reads more rows than the fixed default of 100 did.
+#: default budget chooses per transition of the most a draw may run: a draw's first rounds
+#: never read more rows than the fixed default of 100 per transition did (the step's
+#: ``_cap_for``).
 AUTO_START_ROWS: int = 100
 #: The fewest rows per round: two rows are the fewest with a variance.
 MIN_ROWS: int = 2

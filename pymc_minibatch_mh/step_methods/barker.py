@@ -66,7 +66,9 @@ PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 #: samples of ρ = 0, the tail's about the same, the standard deviation's 0.4–0.65 times
 #: (nutpie's profile); Barker's test (0.5) at N = 10⁵ and 10⁶, d = 100 gave 1.1–1.2 times
 #: the bulk's, 0.9–1.0 the tail's and 0.65–0.7 the standard deviation's at 3 transitions
-#: per draw, and at one the tail's fell to 0.3–0.75 times.
+#: per draw, and at one the tail's fell to 0.3–0.75 times. It is also the least share
+#: with which ``steps_per_draw="auto"`` may run one transition per draw of Crank–Nicolson
+#: (:meth:`MinibatchBarker._steps_options`).
 OVERRELAX_ACCEPT: float = 0.9
 
 
@@ -92,14 +94,17 @@ class MinibatchBarker(MinibatchStep):
         tuning the sampled draws, use the smallest m whose predicted per-step error of the
         acceptance probability, from those measurements, is within ``error_tolerance``
         (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is at
-        most 100, so the step never reads more rows than a fixed 100 would (where 100 rows
-        do not meet it, a warning at the end of tuning gives the predicted error and the m
-        an explicit budget would take); with control variates at large N it falls to a
-        few rows. Without tuning steps m stays 100.
+        most 100 per transition of the most a draw may run (300 for one transition per
+        draw of Crank–Nicolson, 100 for its three), so a draw's first rounds never read
+        more rows than fixed 100-row rounds would (where the cap does not meet the
+        budget, a warning at the end of tuning gives the predicted error and the m an
+        explicit budget would take); with control variates at large N it falls to a few
+        rows. Without tuning steps m stays 100.
         The ``rows_per_round`` stat says which m each draw used.
     error_tolerance : float, optional
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
-        sizes m for (default 1e-3; then m ≤ 100). Given explicitly, m may exceed 100 (up
+        sizes m for (default 1e-3; then m ≤ 100 per transition, as above). Given
+        explicitly, m may exceed that (up
         to N) to meet it. Only with ``batch_size="auto"``.
     sigma : float, optional
         σ of the normal part: 1 for Barker's test (``0 < σ < π/√3``), 0.5 for the penalty
@@ -432,15 +437,17 @@ class MinibatchBarker(MinibatchStep):
             # At every choice (the first after MEASURE_FIRST transitions, so that the rest
             # of tuning runs the test chosen): every test's choice from the same records,
             # which describe the rows, not the test.
-            # A test that may over-relax Crank–Nicolson is an option with and without it.
+            # A test that may over-relax Crank–Nicolson is an option with and without it,
+            # and each is an option per number of transitions per draw, with its own cap.
             best = choose_test([
                 AcceptanceOption(c, budget.choose(
                     self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c),
-                    rho=rho), self._steps_for(c, rho), rho)
+                    rho=rho, cap=self._cap_for(steps)), steps, rho)
                 for c in (*self._penalty_corrections, self._barker_correction)
-                for rho in self._rhos_for(c)])
+                for rho in self._rhos_for(c) for steps in self._steps_options(c)])
             if best.correction is not self.correction or best.rho != self.overrelaxation:
                 self._set_acceptance(best.acceptance, best.correction, best.rho)
+            self.steps_per_draw = best.steps
             choice = best.choice
         else:
             choice = budget.choose(self._n_rows, rho=self.overrelaxation)
@@ -468,12 +475,51 @@ class MinibatchBarker(MinibatchStep):
         predicts cheaper for the test's acceptance of a perfect proposal and
         Crank–Nicolson's ``rho``; else the setting.
         """
+        accept, rows = perfect_accept(correction), float(self.batch_size)
+        return min(self._steps_options(correction),
+                   key=lambda k: cost_per_effective_sample(accept, rows, k, rho=rho))
+
+    def _most_steps(self) -> int:
+        """The most transitions per draw the step may run.
+
+        The proposal's own number with ``steps_per_draw="auto"`` and a proposal of
+        :data:`PENALTY_PROPOSALS`, else the setting.
+        """
         proposal = self.proposal
         if not self._steps_auto or proposal.name not in PENALTY_PROPOSALS:
             return self.steps_per_draw
-        accept, rows = perfect_accept(correction), float(self.batch_size)
-        return min((1, int(proposal.transitions_per_draw)),
-                   key=lambda k: cost_per_effective_sample(accept, rows, k, rho=rho))
+        return int(proposal.transitions_per_draw)
+
+    def _steps_options(self, correction: Any) -> tuple[int, ...]:
+        """The transitions per draw the test of ``correction`` may run with.
+
+        One and :meth:`_most_steps` where the test accepts at least
+        :data:`OVERRELAX_ACCEPT` of perfect proposals, ``steps_per_draw="auto"`` and the
+        proposal is of :data:`PENALTY_PROPOSALS`; else
+        :meth:`_most_steps` alone. A test that accepts less leaves one transition's draws
+        strongly autocorrelated, and one per draw would buy only the larger cap of
+        :meth:`_cap_for`: a smaller error for fewer effective samples (Barker's test at
+        N = 10⁵, d = 100 within the budget at 156 rows per round: a third of the
+        effective samples of 3 transitions per draw at 100 rows).
+        """
+        most = self._most_steps()
+        if (not self._steps_auto or self.proposal.name not in PENALTY_PROPOSALS
+                or perfect_accept(correction) < OVERRELAX_ACCEPT):
+            return (most,)
+        return tuple(sorted({1, most}))
+
+    def _cap_for(self, steps: int) -> int:
+        """The most rows per round a choice of m may take with ``steps`` transitions per draw.
+
+        The default budget's :data:`AUTO_START_ROWS` per transition of the most that the
+        step may run per draw (:meth:`_most_steps`), so that a draw's first rounds
+        never read more rows than that many transitions at 100 rows each: 300 rows per
+        round for one transition per draw of Crank–Nicolson (3 per draw at most). With an
+        explicit ``error_tolerance``, no cap below N.
+        """
+        if self._rows_cap > AUTO_START_ROWS:
+            return self._rows_cap
+        return AUTO_START_ROWS * (self._most_steps() // steps)
 
     def _rhos_for(self, correction: Any) -> tuple[float, ...]:
         """Crank–Nicolson's ``min_rho`` values the test of ``correction`` may run with.
@@ -663,15 +709,19 @@ def choose_test(options: Sequence[AcceptanceOption]) -> AcceptanceOption:
     transitions, each transition's fixed work, rows and growth rounds, over the effective
     samples per draw of a perfect proposal accepted with the test's probability; the first
     on a tie). With none within it, the one with the smaller predicted error of the first
-    and Barker's (Barker's test is smoother, the penalty test stops growing at a smaller
-    ``s²``); the smaller σ are left out there, since they grow the minibatch past m (at
-    N = 10⁵, d = 100, σ = 0.1 read 750 rows per transition against Barker's 100, for a
-    predicted error still over the budget).
+    test's and Barker's, at the most transitions per draw of the options (Barker's test is
+    smoother, the penalty test stops growing at a smaller ``s²``); the smaller σ are left
+    out there, since they grow the minibatch past m (at N = 10⁵, d = 100, σ = 0.1 read 750
+    rows per transition against Barker's 100, for a predicted error still over the
+    budget), and so are fewer transitions per draw, whose larger cap would buy a smaller
+    error with draws of fewer effective samples.
     """
     within = [option for option in options if option.choice.within_budget]
     if within:
         return min(within, key=lambda option: option.cost)
-    fallback = [options[0], *(option for option in options if option.acceptance == "barker")]
+    most = max(option.steps for option in options)
+    fallback = [option for option in options if option.steps == most and (
+        option.correction is options[0].correction or option.acceptance == "barker")]
     return min(fallback, key=lambda option: option.choice.predicted_error)
 
 
