@@ -68,7 +68,7 @@ PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 #: the bulk's, 0.9–1.0 the tail's and 0.65–0.7 the standard deviation's at 3 transitions
 #: per draw, and at one the tail's fell to 0.3–0.75 times. It is also the least share
 #: with which ``steps_per_draw="auto"`` may run one transition per draw of Crank–Nicolson
-#: (:meth:`MinibatchBarker._steps_options`).
+#: (``MinibatchBarker._steps_options``).
 OVERRELAX_ACCEPT: float = 0.9
 
 
