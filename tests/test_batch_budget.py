@@ -108,7 +108,7 @@ def test_the_cheapest_rows_trade_rows_against_growth_rounds():
         def cost(rows, rounds):
             return row_cost * rows + round_cost * (rounds - 1.0)
 
-        return batch_budget.cheapest_rows(n_total, delta, spread, 1.0, n_total, cost)
+        return batch_budget.cheapest_rows(n_total, spread, 1.0, n_total, cost)
 
     assert cheapest(1.0, 0.0) == MIN_ROWS
     dear = cheapest(0.0, 1.0)
@@ -118,7 +118,7 @@ def test_the_cheapest_rows_trade_rows_against_growth_rounds():
     costs = [0.004 * rows_at[int(m)] + 0.7 * (rows_at[int(m)] / m - 1.0) for m in candidates]
     assert middle == candidates[int(np.argmin(costs))]
     # Residuals that need no growth: the fewest rows per round, whatever the round's cost.
-    assert batch_budget.cheapest_rows(n_total, delta, spread * 1e-6, 1.0, n_total,
+    assert batch_budget.cheapest_rows(n_total, spread * 1e-6, 1.0, n_total,
                                       lambda rows, rounds: rounds) == MIN_ROWS
 
 

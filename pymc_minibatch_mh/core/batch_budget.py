@@ -97,6 +97,32 @@ BUDGET_CONFIDENCE: float = 2.0
 
 
 @numba.njit(cache=True)
+def _grown(m: int, n_total: int, spread: float,
+           sigma2: float) -> tuple[int, float]:  # pragma: no cover (compiled)
+    """The rows a step reads at ``m`` rows per round, and the variance of its Δ* there.
+
+    The growth rule for values of population variance ``spread``: the first round past the
+    rows where ``s²`` falls below ``σ² = sigma2`` (the rows may exceed N).
+    """
+    n = m
+    variance = delta_star_variance(spread * (n - 1.0), n, n_total)
+    if sigma2 <= variance < math.inf:
+        n = m * (int(rows_for_variance(m, variance, n_total, sigma2) / m) + 1)
+        variance = delta_star_variance(spread * (n - 1.0), n, n_total)
+    return n, variance
+
+
+@numba.njit(cache=True)
+def _mean_rows(m: int, n_total: int, spread: np.ndarray,
+               sigma: float) -> float:  # pragma: no cover (compiled)
+    """The mean over the records of the rows a step reads at ``m`` rows per round (at most N)."""
+    total = 0.0
+    for i in range(spread.shape[0]):
+        total += min(_grown(m, n_total, spread[i], sigma * sigma)[0], n_total)
+    return total / spread.shape[0]
+
+
+@numba.njit(cache=True)
 def predicted_error(
     m: int, n_total: int, delta_star: np.ndarray, spread: np.ndarray, skew: np.ndarray,
     table_error: float, sigma: float, kind: int = BARKER, kurtosis: float = 0.0,
@@ -136,12 +162,7 @@ def predicted_error(
     total_rows = 0.0
     count = delta_star.shape[0]
     for i in range(count):
-        n = m
-        variance = delta_star_variance(spread[i] * (n - 1.0), n, n_total)
-        if sigma2 <= variance < math.inf:
-            # The growth rule: the first round past the rows where s² falls below σ².
-            n = m * (int(rows_for_variance(m, variance, n_total, sigma2) / m) + 1)
-            variance = delta_star_variance(spread[i] * (n - 1.0), n, n_total)
+        n, variance = _grown(m, n_total, spread[i], sigma2)
         if n >= n_total:
             total_rows += n_total
             continue  # an error of 0
@@ -209,24 +230,22 @@ def _candidates(cap: int) -> np.ndarray:
 
 
 def cheapest_rows(
-    n_total: int, delta_star: np.ndarray, spread: np.ndarray, sigma: float, cap: int,
-    cost: Callable[[float, float], float], kind: int = BARKER,
+    n_total: int, spread: np.ndarray, sigma: float, cap: int,
+    cost: Callable[[float, float], float],
 ) -> int:
     """The rows per round of least predicted ``cost(rows, rounds)`` per step, whatever the error.
 
     For steps whose draws are not kept (tuning's that do not measure): their test still
     grows until ``s² < σ²``, so the rows follow the growth rule of :func:`predicted_error`
-    (mean over the records), and the rounds are those rows over ``m``. The candidates are
-    those of :func:`choose_rows`; the smallest on a tie.
+    (mean over the records of their population variances ``spread``), and the rounds are
+    those rows over ``m``. The candidates are those of :func:`choose_rows`; the smallest on
+    a tie.
     """
     cap = max(MIN_ROWS, min(int(cap), int(n_total)))
-    delta_star = np.ascontiguousarray(delta_star, dtype=np.float64)
     spread = np.ascontiguousarray(spread, dtype=np.float64)
-    no_skew = np.zeros_like(delta_star)
     best, best_cost = MIN_ROWS, math.inf
     for m in _candidates(cap):
-        rows = predicted_error(int(m), int(n_total), delta_star, spread, no_skew, 0.0,
-                               float(sigma), int(kind), 0.0)[1]
+        rows = _mean_rows(int(m), int(n_total), spread, float(sigma))
         value = cost(rows, rows / m)
         if value < best_cost:
             best, best_cost = int(m), value
@@ -386,9 +405,7 @@ class ErrorBudget:
         :func:`cheapest_rows` for the budget's test, from the records :meth:`choose` uses
         (``rho`` as there).
         """
-        kept, spread = self._kept(rho)
-        return cheapest_rows(n_total, kept[:, 0], spread, self.sigma, self.cap, cost,
-                             self.kind)
+        return cheapest_rows(n_total, self._kept(rho)[1], self.sigma, self.cap, cost)
 
     def _kept(self, rho: float | None) -> tuple[np.ndarray, np.ndarray]:
         """The records a choice is made from, and their spreads for moves of ``rho``."""

@@ -485,10 +485,16 @@ class MinibatchBarker(MinibatchStep):
         The proposal's own number with ``steps_per_draw="auto"`` and a proposal of
         :data:`PENALTY_PROPOSALS`, else the setting.
         """
-        proposal = self.proposal
-        if not self._steps_auto or proposal.name not in PENALTY_PROPOSALS:
+        if not self._chooses_steps():
             return self.steps_per_draw
-        return int(proposal.transitions_per_draw)
+        return int(self.proposal.transitions_per_draw)
+
+    def _chooses_steps(self) -> bool:
+        """Whether the step chooses its transitions per draw.
+
+        With ``steps_per_draw="auto"`` and a proposal of :data:`PENALTY_PROPOSALS`.
+        """
+        return self._steps_auto and self.proposal.name in PENALTY_PROPOSALS
 
     def _steps_options(self, correction: Any) -> tuple[int, ...]:
         """The transitions per draw the test of ``correction`` may run with.
@@ -503,8 +509,7 @@ class MinibatchBarker(MinibatchStep):
         effective samples of 3 transitions per draw at 100 rows).
         """
         most = self._most_steps()
-        if (not self._steps_auto or self.proposal.name not in PENALTY_PROPOSALS
-                or perfect_accept(correction) < OVERRELAX_ACCEPT):
+        if not self._chooses_steps() or perfect_accept(correction) < OVERRELAX_ACCEPT:
             return (most,)
         return tuple(sorted({1, most}))
 
