@@ -26,6 +26,7 @@ the step giving silently wrong numbers), one test per fact:
 from __future__ import annotations
 
 import gc
+import weakref
 import warnings
 
 import numpy as np
@@ -521,3 +522,17 @@ def test_frozen_heap_confines_collections_to_new_objects():
         assert gc.isenabled()                 # new objects are still collected
         del made
     assert gc.get_freeze_count() == 0
+
+
+def test_frozen_heap_frees_its_cyclic_garbage_when_it_ends():
+    # The block's closing collection: cyclic garbage made inside it is freed at its end,
+    # before any later allocation could trigger a collection.
+    class Node:
+        pass
+
+    with frozen_heap():
+        cycle = Node()
+        cycle.self = cycle
+        alive = weakref.ref(cycle)
+        del cycle                             # only the collector frees a cycle
+    assert alive() is None
