@@ -178,18 +178,18 @@ def test_zero_config_keeps_its_error_within_the_default_budget():
     to the budget; with the mean alone (``BUDGET_CONFIDENCE = 0``) this chain's mean
     estimate is over it."""
     step, stats = _run(_logistic_model(), tune=1000, draws=500)
-    # One transition per draw: up to 300 rows per round (the next test), here above 100.
+    # One transition per draw: above the 100 rows of three (the next test).
     assert step.sigma < 0.5 and step.steps_per_draw == 1
     assert AUTO_START_ROWS < step.rows_choice.rows <= 3 * AUTO_START_ROWS
     assert np.all(np.asarray(stats["rows_per_round"]) == step.rows_choice.rows)
     assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
 
 
-def test_the_default_cap_bounds_the_rows_per_draw():
-    """The default budget's cap is 100 rows per round per transition of the most a draw
-    may run (Crank–Nicolson: 3), so one transition per draw may take 300; one transition
-    per draw is an option only for a test that accepts at least 0.9 of perfect proposals;
-    an explicit budget has no cap below N."""
+def test_the_default_cap_holds_at_the_most_transitions_per_draw():
+    """The default budget's cap is 100 rows per round at the most transitions per draw
+    the step may run (Crank–Nicolson: 3); at one transition per draw a tenth of N, and at
+    least 300; one transition per draw is an option only for a test that accepts at least
+    0.9 of perfect proposals; an explicit budget has no cap below N."""
     from pymc_minibatch_mh.core.penalty import PenaltyCorrection
 
     model = _logistic_model(n=2_000)
@@ -198,7 +198,9 @@ def test_the_default_cap_bounds_the_rows_per_draw():
         tight = MinibatchBarker(control_variate="taylor", error_tolerance=1e-4)
         fixed = MinibatchBarker(control_variate="taylor", steps_per_draw=3)
     assert step.proposal.name == "crank_nicolson" and step._most_steps() == 3
-    assert (step._cap_for(1), step._cap_for(3)) == (300, 100)
+    assert (step._cap_for(1), step._cap_for(3)) == (300, 100)      # N = 2,000
+    step._n_rows = 40_000
+    assert (step._cap_for(1), step._cap_for(3)) == (4_000, 100)
     assert step._steps_options(PenaltyCorrection(0.1)) == (1, 3)
     assert step._steps_options(PenaltyCorrection(0.25)) == (1, 3)
     assert step._steps_options(PenaltyCorrection(0.5)) == (3,)

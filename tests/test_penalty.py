@@ -245,7 +245,7 @@ def test_choose_test():
     assert choose_test([_option(0.5, 100, 2e-3, False, steps=3),
                         _option(None, 100, 3e-3, False, steps=3)]).acceptance == "penalty"
     # There a smaller σ is left out, though its minibatch grows to a smaller error, and so
-    # is one transition per draw, though its larger cap (300 rows per round) does too.
+    # is one transition per draw, though its larger cap (here 300 rows per round) does too.
     assert choose_test([_option(0.5, 100, 3e-3, False, steps=3),
                         _option(0.1, 750, 1e-3, False, steps=3),
                         _option(None, 100, 2e-3, False, steps=3)]).acceptance == "barker"

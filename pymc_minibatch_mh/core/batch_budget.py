@@ -64,6 +64,7 @@ __all__ = [
     "MEASURE_FIRST",
     "MIN_RECORDS",
     "MIN_ROWS",
+    "ONE_TRANSITION_SHARE",
     "RECHOOSE_EVERY",
     "ErrorBudget",
     "RowsChoice",
@@ -73,10 +74,15 @@ __all__ = [
 ]
 
 #: Rows per round while ``batch_size="auto"`` measures (tuning), and the most that the
-#: default budget chooses per transition of the most a draw may run: a draw's first rounds
-#: never read more rows than the fixed default of 100 per transition did (the step's
-#: ``_cap_for``).
+#: default budget chooses at the most transitions per draw the step may run: there a
+#: draw's first rounds never read more rows than the fixed default of 100 did (the step's
+#: ``_cap_for``; one transition per draw of several takes :data:`ONE_TRANSITION_SHARE`).
 AUTO_START_ROWS: int = 100
+#: The default budget's cap at one transition per draw of several, as a share of the N
+#: rows (at least the rows of the most transitions per draw at :data:`AUTO_START_ROWS`):
+#: a first round past a tenth of N, grown once, would near the quarter of N at which
+#: the step warns that its minibatches save little.
+ONE_TRANSITION_SHARE: float = 0.1
 #: The fewest rows per round: two rows are the fewest with a variance.
 MIN_ROWS: int = 2
 #: The default per-step budget on the acceptance-probability error.

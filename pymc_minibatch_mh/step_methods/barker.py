@@ -17,6 +17,7 @@ from pymc_minibatch_mh.core.batch_budget import (
     MEASURE_EVERY,
     MEASURE_FIRST,
     MIN_RECORDS,
+    ONE_TRANSITION_SHARE,
     RECHOOSE_EVERY,
     ErrorBudget,
     RowsChoice,
@@ -94,12 +95,13 @@ class MinibatchBarker(MinibatchStep):
         tuning the sampled draws, use the smallest m whose predicted per-step error of the
         acceptance probability, from those measurements, is within ``error_tolerance``
         (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is at
-        most 100 per transition of the most a draw may run (300 for one transition per
-        draw of Crank–Nicolson, 100 for its three), so a draw's first rounds never read
-        more rows than fixed 100-row rounds would (where the cap does not meet the
-        budget, a warning at the end of tuning gives the predicted error and the m an
-        explicit budget would take); with control variates at large N it falls to a few
-        rows. Without tuning steps m stays 100.
+        most 100 at the most transitions per draw the step may run (Crank–Nicolson's
+        three), so those first rounds never read more rows than fixed 100-row rounds
+        would (where the cap does not meet the budget, a warning at the end of tuning
+        gives the predicted error and the m an explicit budget would take); one
+        transition per draw, chosen by predicted work per effective sample for a test
+        that accepts at least 0.9 of perfect proposals, has no cap below N. With control
+        variates at large N m falls to a few rows. Without tuning steps m stays 100.
         The ``rows_per_round`` stat says which m each draw used.
     error_tolerance : float, optional
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
@@ -503,9 +505,9 @@ class MinibatchBarker(MinibatchStep):
         :data:`OVERRELAX_ACCEPT` of perfect proposals, ``steps_per_draw="auto"`` and the
         proposal is of :data:`PENALTY_PROPOSALS`; else
         :meth:`_most_steps` alone. A test that accepts less leaves one transition's draws
-        strongly autocorrelated, and one per draw would buy only the larger cap of
-        :meth:`_cap_for`: a smaller error for fewer effective samples (Barker's test at
-        N = 10⁵, d = 100 within the budget at 156 rows per round: a third of the
+        strongly autocorrelated, and one per draw would buy only the rows above the cap
+        of :meth:`_cap_for`: a smaller error for fewer effective samples (Barker's test
+        at N = 10⁵, d = 100 within the budget at 156 rows per round: a third of the
         effective samples of 3 transitions per draw at 100 rows).
         """
         most = self._most_steps()
@@ -516,15 +518,21 @@ class MinibatchBarker(MinibatchStep):
     def _cap_for(self, steps: int) -> int:
         """The most rows per round a choice of m may take with ``steps`` transitions per draw.
 
-        The default budget's :data:`AUTO_START_ROWS` per transition of the most that the
-        step may run per draw (:meth:`_most_steps`), so that a draw's first rounds
-        never read more rows than that many transitions at 100 rows each: 300 rows per
-        round for one transition per draw of Crank–Nicolson (3 per draw at most). With an
-        explicit ``error_tolerance``, no cap below N.
+        With the default budget, :data:`AUTO_START_ROWS` at the most transitions per draw
+        the step may run (:meth:`_most_steps`): there the first rounds never read more rows
+        than the fixed 100-row rounds of earlier versions. At one transition per draw of
+        several (an option only for a test that accepts at least :data:`OVERRELAX_ACCEPT`
+        of perfect proposals, chosen against the others by predicted work per effective
+        sample), :data:`ONE_TRANSITION_SHARE` of N, and at least as many rows as the most
+        transitions per draw read at 100 each. With an explicit ``error_tolerance``, no cap
+        below N.
         """
+        most = self._most_steps()
         if self._rows_cap > AUTO_START_ROWS:
             return self._rows_cap
-        return AUTO_START_ROWS * (self._most_steps() // steps)
+        if steps < most:
+            return max(AUTO_START_ROWS * most, int(ONE_TRANSITION_SHARE * self._n_rows))
+        return AUTO_START_ROWS
 
     def _rhos_for(self, correction: Any) -> tuple[float, ...]:
         """Crank–Nicolson's ``min_rho`` values the test of ``correction`` may run with.
