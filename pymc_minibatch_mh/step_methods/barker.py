@@ -100,14 +100,14 @@ class MinibatchBarker(MinibatchStep):
         would (where the cap does not meet the budget, a warning at the end of tuning
         gives the predicted error and the m an explicit budget would take); one
         transition per draw, chosen by predicted work per effective sample for a test
-        that accepts at least 0.9 of perfect proposals, has no cap below N. With control
-        variates at large N m falls to a few rows. Without tuning steps m stays 100.
+        that accepts at least 0.9 of perfect proposals, takes at most a tenth of N (at
+        least 300). With control variates at large N m falls to a few rows. Without
+        tuning steps m stays 100.
         The ``rows_per_round`` stat says which m each draw used.
     error_tolerance : float, optional
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
-        sizes m for (default 1e-3; then m ≤ 100 per transition, as above). Given
-        explicitly, m may exceed that (up
-        to N) to meet it. Only with ``batch_size="auto"``.
+        sizes m for (default 1e-3; then m is capped as above). Given explicitly, m may
+        exceed the cap (up to N) to meet it. Only with ``batch_size="auto"``.
     sigma : float, optional
         σ of the normal part: 1 for Barker's test (``0 < σ < π/√3``), 0.5 for the penalty
         test (any ``σ > 0``; chosen from
@@ -527,9 +527,9 @@ class MinibatchBarker(MinibatchStep):
         transitions per draw read at 100 each. With an explicit ``error_tolerance``, no cap
         below N.
         """
-        most = self._most_steps()
         if self._rows_cap > AUTO_START_ROWS:
             return self._rows_cap
+        most = self._most_steps()
         if steps < most:
             return max(AUTO_START_ROWS * most, int(ONE_TRANSITION_SHARE * self._n_rows))
         return AUTO_START_ROWS
