@@ -80,13 +80,15 @@ def test_subsample_sums_instead_of_the_full_pass_fail(monkeypatch):
     assert not all(ok for ok, _ in _moments_ok(x, y, step, draws))
 
 
-def _record_start_checks(monkeypatch):
+def _record_start_checks(monkeypatch, priors=None):
     calls = []
     check = MinibatchLikelihood.check_point
 
-    def recorded(self, point, rows=True):
+    def recorded(self, point, rows=True, prior=None):
         calls.append(rows)
-        return check(self, point, rows=rows)
+        if priors is not None:
+            priors.append(prior)
+        return check(self, point, rows=rows, prior=prior)
 
     monkeypatch.setattr(MinibatchLikelihood, "check_point", recorded)
     return calls
@@ -97,12 +99,22 @@ def test_tuned_chains_start_at_the_reference_without_a_pass(monkeypatch, tune):
     x, y = logistic_data(2_000, seed=1)
     with logistic_model(x, y):
         step = MinibatchBarker(control_variate="taylor", tune=tune)
-        calls = _record_start_checks(monkeypatch)
+        priors = []
+        calls = _record_start_checks(monkeypatch, priors)
         pm.sample(draws=5, tune=5 if tune else 0, chains=2, cores=1, step=step,
                   **sample_kwargs(random_seed=1))
-    # With tuning each chain starts at θ̂ (read by the set-up's pass): no pass. Without,
-    # at PyMC's start point: one pass each, as before.
+    # With tuning each chain starts at θ̂ (read by the set-up's pass): no pass, and the
+    # log prior is the set-up's at θ̂ (the prior's own function is not compiled for the
+    # check). Without, at PyMC's start point: one pass each and the prior evaluated.
     assert calls == ([False, False] if tune else [True, True])
+    if tune:
+        lik = step.likelihood
+        # Nor the per-row function: the split is validated in the validation's mode.
+        assert "_prior_direct" not in vars(lik) and "_rows_fn" not in vars(lik)
+        theta = step.control_variate.initial_reference.theta
+        assert priors == pytest.approx([lik.prior(theta)] * 2, rel=1e-12)
+    else:
+        assert priors == [None, None]
 
 
 @pytest.mark.parametrize("reference", [None, {"mu": 0.0}])
@@ -156,3 +168,27 @@ def test_a_newton_search_that_stops_short_is_continued_not_restarted(monkeypatch
     assert methods[:3] == ["L-BFGS-B", "trust-exact", "L-BFGS-B"]
     np.testing.assert_array_equal(calls[2][1], calls[1][2])
     assert step.control_variate.map_converged
+
+
+def test_a_point_of_the_search_evaluates_the_prior_once():
+    """The prior's value, gradient and Hessian at a point are kept: the reference at a
+    point and the search's log posterior there do not evaluate them again."""
+    x, y = logistic_data(500, seed=3)
+    with logistic_model(x, y):
+        step = MinibatchBarker(control_variate="taylor", tune=False)
+    passes = step.control_variate.passes
+    calls = []
+    prior_all = passes._prior_all_fn
+    passes._prior_all_fn = lambda *args: calls.append(1) or prior_all(*args)
+    point = np.full(passes.dim, 0.3)
+    value, g, h = passes.prior(point, hessian=True)
+    first = len(calls)
+    assert first >= 1
+    again = passes.prior(point)
+    assert len(calls) == first  # kept
+    assert again[0] == value and np.array_equal(again[1], g) and again[2] is None
+    again[1][:] = np.nan  # a caller's copy: the kept gradient is not changed
+    assert np.array_equal(passes.prior(point, hessian=True)[1], g)
+    assert len(calls) == first
+    passes.prior(point + 0.1)
+    assert len(calls) == first + 1  # another point is evaluated

@@ -135,6 +135,10 @@ class TaylorReference:
     prior_gradient : numpy.ndarray, optional
         Gradient of the log prior (with Jacobians) at θ̂, for :meth:`laplace_mean`.
         Default: None, which takes θ̂ for the mode there.
+    log_prior : float
+        The log prior (with Jacobians and Potentials) at θ̂: the start check of a chain
+        that starts at θ̂ reads it instead of evaluating the prior again. Default: NaN
+        (not known).
 
     Examples
     --------
@@ -157,6 +161,7 @@ class TaylorReference:
     prior_hessian: NDArray[np.float64] | None = None
     loglik: float = math.nan
     prior_gradient: NDArray[np.float64] | None = None
+    log_prior: float = math.nan
 
     def __post_init__(self) -> None:
         theta = np.array(self.theta, dtype=np.float64).reshape(-1)

@@ -259,7 +259,7 @@ class PredictorPasses(TaylorPasses):
             )
         return PredictorReference(
             x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik,
-            prior_gradient=self.finite_prior_gradient(x), coef=an.coefficients(x),
+            **self.prior_fields(x), coef=an.coefficients(x),
             coef_gradient=a, coef_hessian=b,
         )
 

@@ -130,6 +130,7 @@ class TaylorPasses:
         self.evaluations = 0
         #: Full passes with the Hessian (the costly kind) since the passes were built.
         self.hessian_passes = 0
+        self._prior_memo: tuple[bytes, float, Any, Any] | None = None
         #: Newton decrement at the MAP found by :meth:`find_map` (NaN before).
         self.map_decrement = math.nan
         #: Whether :meth:`find_map` reached :data:`MAP_TOLERANCE` (False before).
@@ -233,13 +234,25 @@ class TaylorPasses:
     def prior(
         self, x: NDArray[np.float64], hessian: bool = False
     ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
-        """Log prior (with Jacobians and Potentials), its gradient and Hessian at ``x``."""
-        eye = np.eye(self.dim)
-        value, g, _ = self._prior_all_fn(x, eye[0])
-        h = None
-        if hessian:
-            h = self._prior_hessian_rows(x, eye).T
-        return float(value), np.asarray(g), h
+        """Log prior (with Jacobians and Potentials), its gradient and Hessian at ``x``.
+
+        The last point's are kept: a point of the MAP search asks for them up to three
+        times (its reference's prior Hessian and gradient, and the search's log
+        posterior), each a call of a function that runs in Python. Not kept where the
+        prior reads variables of other steps (they may change between two calls).
+        """
+        key = np.asarray(x, dtype=np.float64).tobytes()
+        memo = self._prior_memo
+        if memo is not None and memo[0] == key and (memo[3] is not None or not hessian):
+            value, g, h = memo[1:]
+        else:
+            eye = np.eye(self.dim)
+            value, g, _ = self._prior_all_fn(x, eye[0])
+            value, g = float(value), np.asarray(g)
+            h = self._prior_hessian_rows(x, eye).T if hessian else None
+            if not self.likelihood.other_shared:
+                self._prior_memo = (key, value, g, h)
+        return value, g.copy(), (h.copy() if hessian else None)
 
     def _full_pass(
         self, x: NDArray[np.float64], hessian: bool
@@ -263,16 +276,17 @@ class TaylorPasses:
                 "control_variate=None."
             )
         return TaylorReference(x.copy(), g, h, self.prior_hessian(x, what), loglik=loglik,
-                               prior_gradient=self.finite_prior_gradient(x))
+                               **self.prior_fields(x))
 
-    def finite_prior_gradient(self, x: NDArray[np.float64]) -> NDArray[np.float64] | None:
-        """The log prior's gradient at ``x``, or None where it is not finite (a boundary).
+    def prior_fields(self, x: NDArray[np.float64]) -> dict[str, Any]:
+        """The reference's fields of the log prior at ``x``.
 
-        None makes the Laplace fit's mean θ̂ itself
+        Its value (``log_prior``) and its gradient (``prior_gradient``; None where it is not
+        finite, a boundary). A gradient of None makes the Laplace fit's mean θ̂ itself
         (:meth:`~pymc_minibatch_mh.core.control_variate.TaylorReference.laplace_mean`).
         """
-        g = self.prior(x)[1]
-        return g if np.all(np.isfinite(g)) else None
+        value, g, _ = self.prior(x)
+        return {"log_prior": value, "prior_gradient": g if np.all(np.isfinite(g)) else None}
 
     def prior_hessian(self, x: NDArray[np.float64], what: str) -> NDArray[np.float64] | None:
         """The log prior's Hessian at ``x``, or None (with a warning) where it is not finite.

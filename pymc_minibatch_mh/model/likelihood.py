@@ -140,20 +140,28 @@ class MinibatchLikelihood:
         self.n_rows_initial = self.store.n_rows
 
         g = self.graphs
-        # The per-row log-likelihood checks the split below; the other per-step functions
-        # are compiled on first use, so a path that does not use one never compiles it.
-        self._rows_fn = self.compile([g.flat, *g.data], g.row_loglik)
+        # The per-step functions are compiled on first use, so a path that does not use
+        # one never compiles it.
         self._prior_grad_fn: Any = None
-        # The model's own terms on all rows (not split): the reference for validation,
-        # not kept after it.
-        model_fn = self.compile([g.flat], g.full_loglik, mode=validation_mode(split.n_rows))
+        # The split's per-row log-likelihood against the model's own terms on all rows
+        # (not split), both compiled in the validation's mode and not kept after it: what
+        # is checked is the graph, and a step's own compiled per-row function
+        # (``_rows_fn``) is loaded only by a path that evaluates rows with it.
+        mode = validation_mode(split.n_rows)
+        rows_fn = self.compile([g.flat, *g.data], g.row_loglik, mode=mode)
+        model_fn = self.compile([g.flat], g.full_loglik, mode=mode)
         validate_split(
             model, point, n_rows=split.n_rows, set_point=self._set_point,
             full_loglik=model_fn,
-            rows_loglik=lambda x, rows: self._rows_fn(x, *model_rows.rows(rows)),
+            rows_loglik=lambda x, rows: rows_fn(x, *model_rows.rows(rows)),
             data_lengths=model_rows.lengths,
         )
         self._structure = self._model_structure()
+
+    @functools.cached_property
+    def _rows_fn(self) -> Any:
+        g = self.graphs
+        return self.compile([g.flat, *g.data], g.row_loglik)
 
     @functools.cached_property
     def _delta_fn(self) -> Any:
@@ -302,12 +310,15 @@ class MinibatchLikelihood:
         """Per-row log-likelihood at one state over all rows, in bounded-memory chunks."""
         return np.concatenate([self._rows_fn(x, *chunk) for chunk in self.store.chunks()])
 
-    def check_point(self, point: Mapping[str, Any], rows: bool = True) -> None:
+    def check_point(self, point: Mapping[str, Any], rows: bool = True,
+                    prior: float | None = None) -> None:
         """Raise a clear error if the log-probability at ``point`` is not finite.
 
         ``rows=True``: every row's log-likelihood is evaluated (one O(N) pass);
         ``rows=False``: the values and the prior only, for a point where a pass the caller
-        made on the same data found every row finite.
+        made on the same data found every row finite. ``prior``: the log prior at the
+        point, where the caller has it (the set-up's, at θ̂), instead of evaluating it
+        (which compiles the prior's function on first use); None or NaN: not known.
         """
         missing = [name for name in self.other_shared if name not in point]
         if missing:
@@ -318,7 +329,8 @@ class MinibatchLikelihood:
             )
         self.set_others(point)
         x = self.point_map.to_flat(point)
-        prior = self.prior(x)
+        if prior is None or math.isnan(prior):  # not known: evaluated
+            prior = self.prior(x)
         bad_vars = [k for k, v in point.items() if not np.all(np.isfinite(np.asarray(v, float)))]
         if bad_vars:
             raise ModelNotSupportedError(

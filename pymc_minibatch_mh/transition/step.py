@@ -378,7 +378,9 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
         check_same_model(self, point)
         point = self._start_point(point)
         if self.check_start:
-            self.likelihood.check_point(point, rows=not self._read_at_setup(point))
+            at_setup = self._read_at_setup(point)
+            prior = self.control_variate.initial_reference.log_prior if at_setup else None
+            self.likelihood.check_point(point, rows=not at_setup, prior=prior)
         self._chain_started = True
         return point
 
