@@ -319,8 +319,8 @@ def test_cn_overrelaxed_chain_is_antithetic():
 class _WrongInnovationCN(CrankNicolsonProposal):
     """Over-relaxed moves whose innovation is not √(1 − ρ²): not reversible w.r.t. N(θ̂, Σ)."""
 
-    def coefficients(self, scale):
-        rho, _ = super().coefficients(scale)
+    def _coefficients(self, scale):  # what propose uses, for a clamped scale
+        rho, _ = super()._coefficients(scale)
         return rho, 1.0
 
 

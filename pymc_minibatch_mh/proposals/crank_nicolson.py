@@ -161,21 +161,25 @@ class CrankNicolsonProposal(Proposal):
                 "as the largest move; -1 would reflect through the mean without noise."
             )
         self._min_rho = value
+        self._max_scale = 2.0 - _complement(value)
 
     @property
     def max_scale(self) -> float:  # type: ignore[override]  # a ClassVar in the base
         """The scale at which ρ reaches :attr:`min_rho` (1 with ``min_rho=0``)."""
-        return 2.0 - _complement(self._min_rho)
+        return self._max_scale
 
     def _clamp(self, scale: float) -> float:
         """``scale`` checked and clamped to :attr:`max_scale`: the scale a move uses."""
-        return min(check_scale(scale, "scale"), self.max_scale)
+        return min(check_scale(scale, "scale"), self._max_scale)
 
     def coefficients(self, scale: float) -> tuple[float, float]:
         """``(ρ, √(1 − ρ²))`` for ``scale`` (clamped to :attr:`max_scale`); see the notes."""
-        s = self._clamp(scale)
-        if s >= self.max_scale:  # min_rho exactly, not through 2 − s's rounding
-            return self.min_rho, _complement(self.min_rho)
+        return self._coefficients(self._clamp(scale))
+
+    def _coefficients(self, s: float) -> tuple[float, float]:
+        """:meth:`coefficients` of a scale already clamped."""
+        if s >= self._max_scale:  # min_rho exactly, not through 2 − s's rounding
+            return self._min_rho, _complement(self._min_rho)
         innovation = s if s <= 1.0 else 2.0 - s
         rho = _complement(innovation)
         return (rho if s <= 1.0 else -rho), innovation
@@ -213,7 +217,7 @@ class CrankNicolsonProposal(Proposal):
 
         """
         scale = self._clamp(scale)
-        rho, innovation = self.coefficients(scale)
+        rho, innovation = self._coefficients(scale)
         z = state.whitened
         if z is None:
             z = self.surrogate.whiten(state.x)
