@@ -11,6 +11,8 @@ row named. The subsample size is patched so that these run at N = 2·10⁴.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pymc as pm
 import pytest
@@ -19,6 +21,7 @@ from test_control_variates import logistic_data, logistic_model, logistic_quadra
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.estimators import predictor_passes as predictor_passes_module
 from pymc_minibatch_mh.estimators import reference as reference_module
 from pymc_minibatch_mh.estimators.predictor_passes import PredictorPasses
 from pymc_minibatch_mh.estimators.reference import TaylorPasses, add_chunks
@@ -192,3 +195,40 @@ def test_a_point_of_the_search_evaluates_the_prior_once():
     assert len(calls) == first
     passes.prior(point + 0.1)
     assert len(calls) == first + 1  # another point is evaluated
+
+
+def _map_search(monkeypatch, work, steps=None):
+    if steps is not None:
+        monkeypatch.setattr(reference_module, "NEWTON_FIRST_STEPS", steps)
+    monkeypatch.setattr(predictor_passes_module, "NEWTON_FIRST_WORK", work)
+    x, y = logistic_data(3_000, seed=5)
+    with logistic_model(x, y):
+        step = MinibatchBarker(control_variate="taylor", tune=False)
+    cv = step.control_variate
+    assert isinstance(cv.passes, PredictorPasses) and cv.map_converged
+    return cv
+
+
+def test_cheap_hessian_passes_start_the_search_with_newton_steps(monkeypatch):
+    """Where a pass with the Hessian is cheap (N·K² at most NEWTON_FIRST_WORK) the MAP
+    search starts with Newton steps from the initial point: every pass has the Hessian,
+    the gradient function is never compiled, and θ̂ is the mode that L-BFGS-B finds."""
+    newton = _map_search(monkeypatch, work=math.inf)
+    assert newton.passes.newton_first()
+    assert newton.passes.hessian_passes == newton.map_evaluations // 3_000
+    assert "value_grad_fn" not in vars(newton.passes)
+    lbfgs = _map_search(monkeypatch, work=0.0)
+    assert not lbfgs.passes.newton_first() and "value_grad_fn" in vars(lbfgs.passes)
+    # Both within MAP_TOLERANCE posterior sds of the mode
+    sd = np.sqrt(np.diag(np.linalg.inv(lbfgs.reference.precision())))
+    np.testing.assert_array_less(np.abs(newton.reference.theta - lbfgs.reference.theta) / sd,
+                                 2 * reference_module.MAP_TOLERANCE)
+
+
+def test_newton_steps_that_stop_short_are_continued_by_lbfgs(monkeypatch):
+    """Newton steps from the initial point that do not reach the tolerance within
+    NEWTON_FIRST_STEPS hand their last point to L-BFGS-B (and the polish), which finds
+    the mode."""
+    cv = _map_search(monkeypatch, work=math.inf, steps=1)
+    assert "value_grad_fn" in vars(cv.passes)
+    assert cv.map_decrement <= reference_module.MAP_TOLERANCE

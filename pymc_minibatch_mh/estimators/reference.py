@@ -36,8 +36,8 @@ from pymc_minibatch_mh.model.internals import compile_derived
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
-__all__ = ["GRADIENT_STEPS", "MAP_TOLERANCE", "REFERENCE_DECREMENT", "SUBSAMPLE_ROWS",
-           "ChunkSums", "TaylorPasses", "add_chunks"]
+__all__ = ["GRADIENT_STEPS", "MAP_TOLERANCE", "NEWTON_FIRST_STEPS", "REFERENCE_DECREMENT",
+           "SUBSAMPLE_ROWS", "ChunkSums", "TaylorPasses", "add_chunks"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
@@ -55,6 +55,11 @@ REFERENCE_DECREMENT: float = 1.0
 #: Most gradient passes that bring a subsample's mode near the data's
 #: (the gradient steps of :meth:`TaylorPasses.find_map`).
 GRADIENT_STEPS: int = 6
+
+#: Most trust-region Newton steps of a search that starts with them at the initial point
+#: (passes whose Hessian is cheap, :meth:`TaylorPasses.newton_first`); the search goes on
+#: with L-BFGS-B from their last point if they do not reach :data:`MAP_TOLERANCE`.
+NEWTON_FIRST_STEPS: int = 10
 
 # PyTensor mode of the full-data passes (MAP search and G, H): PyTensor's default,
 # "FAST_RUN", which is the C virtual machine on PyTensor 2 (1–3 × faster than Numba there
@@ -396,6 +401,9 @@ class TaylorPasses:
         the Newton steps stopped 2.6 posterior sds from the mode after 50 passes; L-BFGS-B
         from ``x0`` then took 941 passes, from their last point 3, and 22 more Newton
         steps reached the tolerance: the step was built in 48 s instead of 122 s.)
+        With fewer rows, where :meth:`newton_first` says so (passes whose Hessian is
+        cheap), at most :data:`NEWTON_FIRST_STEPS` Newton steps from ``x0`` come first,
+        and L-BFGS-B starts from their last point if they do not reach the tolerance.
 
         With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
         polishing fails, e.g. where the log posterior is not concave) returns the
@@ -421,6 +429,9 @@ class TaylorPasses:
                     self.subsample_reference = True
                     return ref
             ref, decrement = self._newton(start, evaluate)
+        elif self.newton_first():
+            message = "not run (Newton steps from the initial point)"
+            ref, decrement = self._newton(x0, evaluate, steps=NEWTON_FIRST_STEPS)
         if not decrement <= MAP_TOLERANCE:
             # From the best point so far: the Newton steps' last point, if they had one.
             x_start = x0 if ref is None else np.asarray(ref.theta, dtype=np.float64)
@@ -556,8 +567,17 @@ class TaylorPasses:
 
         return evaluate
 
-    def _newton(self, x: NDArray[np.float64],
-                evaluate: Any) -> tuple[TaylorReference | None, float]:
+    def newton_first(self) -> bool:
+        """Whether a search without a subsample starts with Newton steps.
+
+        No here: it starts with L-BFGS-B's gradient passes.
+        :class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorPasses` says yes
+        where its passes with the Hessian are cheap.
+        """
+        return False
+
+    def _newton(self, x: NDArray[np.float64], evaluate: Any,
+                steps: int = 50) -> tuple[TaylorReference | None, float]:
         """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
 
         SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
@@ -566,8 +586,9 @@ class TaylorPasses:
         :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the Hessian is
         not negative definite or the posterior is a curved ridge (a non-centred
         hierarchical model at N = 10⁶, where plain Newton steps stopped at an indefinite
-        Hessian). Returns the reference at the last accepted point (None if even ``x``
-        failed) and its decrement (inf where the Hessian is not negative definite).
+        Hessian). At most ``steps`` iterations. Returns the reference at the last accepted
+        point (None if even ``x`` failed) and its decrement (inf where the Hessian is not
+        negative definite).
         """
         def callback(intermediate_result: optimize.OptimizeResult) -> None:
             if evaluate(intermediate_result.x)[3] <= MAP_TOLERANCE:
@@ -580,7 +601,7 @@ class TaylorPasses:
             result = optimize.minimize(
                 lambda x: -evaluate(x)[1], x, jac=lambda x: -evaluate(x)[2],
                 hess=lambda x: evaluate(x)[0].precision(), method="trust-exact",
-                callback=callback, options={"maxiter": 50, "gtol": 0.0},
+                callback=callback, options={"maxiter": steps, "gtol": 0.0},
             )
         ref, _, _, decrement = evaluate(result.x)  # the last accepted point (cached)
         return ref, decrement
