@@ -40,6 +40,7 @@ wrong" page): the audit (``audit_every``) measures the truth.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -229,10 +230,15 @@ class RowsChoice:
     error_bound: float = math.nan
 
 
-def _candidates(cap: int) -> np.ndarray:
-    """Rows per round to consider: :data:`MIN_ROWS`, ``cap`` and about 20 per decade between."""
+@functools.lru_cache(maxsize=64)
+def _candidates(cap: int) -> tuple[int, ...]:
+    """Rows per round to consider: :data:`MIN_ROWS`, ``cap`` and about 20 per decade between.
+
+    Kept per ``cap``: a tuning choice asks for them once per option (about ten) each time.
+    """
     decades = max(1.0, math.log10(cap / MIN_ROWS))
-    return np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
+    grid = np.unique(np.round(np.geomspace(MIN_ROWS, cap, int(20 * decades) + 2)).astype(int))
+    return tuple(int(m) for m in grid)
 
 
 def cheapest_rows(
@@ -251,10 +257,10 @@ def cheapest_rows(
     spread = np.ascontiguousarray(spread, dtype=np.float64)
     best, best_cost = MIN_ROWS, math.inf
     for m in _candidates(cap):
-        rows = _mean_rows(int(m), int(n_total), spread, float(sigma))
+        rows = _mean_rows(m, int(n_total), spread, float(sigma))
         value = cost(rows, rows / m)
         if value < best_cost:
-            best, best_cost = int(m), value
+            best, best_cost = m, value
     return best
 
 
@@ -311,10 +317,10 @@ def choose_rows(
     error = rows = bound = math.nan
     count, low = int(delta_star.shape[0]), MIN_ROWS - 1
     for m in grid:
-        error, rows, se = predicted_error(int(m), int(n_total), *args)
+        error, rows, se = predicted_error(m, int(n_total), *args)
         bound = error + BUDGET_CONFIDENCE * se
         if bound <= budget:
-            high = int(m)
+            high = m
             # Bisection between the last candidate over the budget and this one.
             while high - low > 1:
                 mid = (low + high) // 2
@@ -325,8 +331,8 @@ def choose_rows(
                 else:
                     low = mid
             return RowsChoice(high, error, rows, True, count, mean_skew, bound)
-        low = int(m)
-    return RowsChoice(int(grid[-1]), error, rows, False, count, mean_skew, bound)
+        low = m
+    return RowsChoice(grid[-1], error, rows, False, count, mean_skew, bound)
 
 
 class ErrorBudget:
@@ -347,7 +353,7 @@ class ErrorBudget:
 
     """
 
-    __slots__ = ("tolerance", "sigma", "table_error", "cap", "kind", "_records")
+    __slots__ = ("tolerance", "sigma", "table_error", "cap", "kind", "_records", "_array")
 
     def __init__(self, tolerance: float, sigma: float, table_error: float, cap: int,
                  kind: int = BARKER) -> None:
@@ -357,10 +363,12 @@ class ErrorBudget:
         self.table_error = float(table_error)
         self.cap = int(cap)
         self._records: list[tuple[float, float, float, float, float]] = []
+        self._array: np.ndarray | None = None  # the records as an array, once asked for
 
     def reset(self) -> None:
         """Forget the records (a chain's start)."""
         self._records = []
+        self._array = None
 
     def __len__(self) -> int:
         return len(self._records)
@@ -378,6 +386,7 @@ class ErrorBudget:
                 and math.isfinite(edgeworth)):
             return
         skew = skew_from_edgeworth(edgeworth, n)
+        self._array = None
         self._records.append((delta_star, population_variance(variance, n, n_total), abs(skew),
                               kurtosis if math.isfinite(kurtosis) else 0.0, float(rho)))
 
@@ -417,7 +426,9 @@ class ErrorBudget:
         """The records a choice is made from, and their spreads for moves of ``rho``."""
         count = len(self._records)
         first = max(0, min(count // 2, count - MIN_RECORDS))
-        kept = np.asarray(self._records[first:], dtype=np.float64)
+        if self._array is None:  # one conversion for the options of a choice
+            self._array = np.asarray(self._records, dtype=np.float64)
+        kept = self._array[first:]
         spread = kept[:, 1]
         if rho is not None:
             spread = spread * np.maximum(1.0, (1.0 - rho) / (1.0 - kept[:, 4]))
