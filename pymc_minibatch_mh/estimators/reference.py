@@ -430,7 +430,6 @@ class TaylorPasses:
                     return ref
             ref, decrement = self._newton(start, evaluate)
         elif self.newton_first():
-            message = "not run (Newton steps from the initial point)"
             ref, decrement = self._newton(x0, evaluate, steps=NEWTON_FIRST_STEPS)
         if not decrement <= MAP_TOLERANCE:
             # From the best point so far: the Newton steps' last point, if they had one.
