@@ -20,13 +20,12 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model import function_cache
 from pymc_minibatch_mh.model.compat import posterior
 from pymc_minibatch_mh.model.internals import compile_derived, compile_function
-
-from conftest import sample_kwargs
 
 GRAPH = """
 import numpy as np, pytensor, pytensor.tensor as pt

@@ -18,7 +18,6 @@ import pickle
 import warnings
 
 import cloudpickle
-
 import numpy as np
 import pymc as pm
 import pytest

@@ -26,8 +26,8 @@ the step giving silently wrong numbers), one test per fact:
 from __future__ import annotations
 
 import gc
-import weakref
 import warnings
+import weakref
 
 import numpy as np
 import pymc as pm
@@ -37,16 +37,16 @@ import pytest
 from pytensor.compile.mode import Mode
 from pytensor.graph.traversal import ancestors
 
+from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
 from pymc_minibatch_mh.model.graph import (
-    UpcastDot,
     BatchedProducts,
+    UpcastDot,
     checks_as_ninf,
     frozen_heap,
     has_op,
     reference_graph,
 )
-from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import (
     C_MODE,
     MINIBATCH_OPS,

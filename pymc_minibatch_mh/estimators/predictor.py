@@ -22,16 +22,16 @@ value per row):
   final elementwise link (``sigmoid``, ``exp``, ``softplus``) is peeled, so the quantity
   is η itself (PyMC stores ``p = sigmoid(η)`` as the Bernoulli's parameter; the expansion
   in η is far better than in p). A negative binomial's ``p = a / (μ + a)`` (PyMC 5's
-  form of ``mu=μ, alpha=a``) is ``sigmoid(log a − log μ)`` (PyMC 6's form), and peeled so. Parameters that depend on θ alone (``sigma``) are
-  quantities with one constant feature (``exp`` peeled: the expansion is in ``log σ``).
-  Parameters of data only stay as they are.
+  form of ``mu=μ, alpha=a``) is ``sigmoid(log a − log μ)`` (PyMC 6's form), and peeled so.
+  Parameters that depend on θ alone (``sigma``) are quantities with one constant feature (``exp``
+  peeled: the expansion is in ``log σ``). Parameters of data only stay as they are.
 - **Decomposition.** The graph of η is walked from the top: ``+``, ``−``, unary ``−``;
   ``×`` of a sum of terms by factors of θ alone (scalars) and by per-row data; ``/`` by
   either; ``v(θ)[idx]`` with ``idx`` per-row integer data (``AdvancedSubtensor``);
   ``dot(X, w(θ))`` and ``X @ w(θ)``; ``sum(X * w(θ), axis=1)``; ``log(exp(u))`` as ``u``
   (that negative binomial's ``log μ`` with ``μ = exp(η)``); casts
-  and broadcasting wrappers. Parts of data alone go to the offset ``o`` (never needed numerically). Any
-  other operation on a part that depends on both θ and the rows (``exp(b * x)`` inside a
+  and broadcasting wrappers. Parts of data alone go to the offset ``o`` (never needed numerically).
+  Any other operation on a part that depends on both θ and the rows (``exp(b * x)`` inside a
   sum, a product of two such parts, a θ-dependent vector of length N) makes the analysis
   fail with a :class:`~pymc_minibatch_mh.estimators.predictor_walk.DecompositionError`
   that says where.

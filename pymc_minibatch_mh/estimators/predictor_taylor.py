@@ -38,11 +38,11 @@ and
 :attr:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator.map_converged`
 (information, not an error).
 
-**Selection** (:func:`~pymc_minibatch_mh.estimators.predictor_analysis.select`, used by ``control_variate="taylor"``): this expansion when
-the decomposition succeeds for every observed variable and some coefficient is not
-affine in θ; the θ-space expansion otherwise. With affine coefficients (a plain GLM:
-``X @ b``) both expansions are the same function (the second derivative of q in θ is
-zero), so nothing is gained by switching.
+**Selection** (:func:`~pymc_minibatch_mh.estimators.predictor_analysis.select`, used by
+``control_variate="taylor"``): this expansion when the decomposition succeeds for every observed
+variable and some coefficient is not affine in θ; the θ-space expansion otherwise. With affine
+coefficients (a plain GLM: ``X @ b``) both expansions are the same function (the second derivative
+of q in θ is zero), so nothing is gained by switching.
 
 **Rows of small levels, summed exactly.** The residuals are third order in the change of
 the quantities, so they are largest where a row's quantity moves most between θ and θ′:
@@ -327,8 +327,10 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
     def _exact_graphs(self, graphs: Any, q: list[Any], q_hat: list[Any], g: list[Any],
                       h: list[tuple[int, int, Any]]) -> tuple[Any, Any]:
-        """The exact set's residual sums: the test's (of ``x_cur``, ``x_prop``, ``inv_t``)
-        and the surrogate's (from θ̂ to ``graphs.flat``, untempered).
+        """The exact set's residual sums: the test's and the surrogate's.
+
+        The test's is of ``x_cur``, ``x_prop`` and ``inv_t``; the surrogate's from θ̂ to
+        ``graphs.flat``, untempered.
 
         Both read the rows' ``q̂_i``, ``g_i``, ``H_i`` and ``ℓ_i(θ̂)`` from shared
         vectors, filled once per set-up and reference (:meth:`_refresh_exact_constants`),

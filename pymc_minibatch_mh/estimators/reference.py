@@ -178,8 +178,10 @@ class TaylorPasses:
         return [flat], outputs[2], v
 
     def _data_graphs(self, hessian: bool) -> tuple[list[Any], Any]:
-        """A chunk's ``(x, *rows) -> (Σ ℓ_i, its gradient)``, or with ``hessian``
-        ``(x, v, *rows) -> H v``."""
+        """A chunk's ``(x, *rows) -> (Σ ℓ_i, its gradient)``.
+
+        With ``hessian``: ``(x, v, *rows) -> H v``.
+        """
         g = self._graphs
         (row_loglik,) = checks_as_ninf([g.row_loglik])
         total = pt.sum(row_loglik)
@@ -191,8 +193,10 @@ class TaylorPasses:
 
     def _compile_fn(self, name: str, inputs: list[Any], outputs: Any, mode: str,
                     what: str, derive: Any, trust_input: bool = True) -> Any:
-        """Compile one function of the passes, derived by ``derive()`` from the graph of
-        ``inputs`` and ``outputs``; a failure names it."""
+        """Compile one function of the passes; a failure names it.
+
+        It is derived by ``derive()`` from the graph of ``inputs`` and ``outputs``.
+        """
         try:
             fn, _, _ = compile_derived(inputs, outputs, f"TaylorPasses.{name}", derive, mode)
         except Exception as err:  # noqa: BLE001 - re-raised with the function's name

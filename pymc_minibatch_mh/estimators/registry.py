@@ -24,7 +24,8 @@ __all__ = ["CONTROL_VARIATES", "make_estimator"]
 #: The control variates a step method accepts (``control_variate=...``): ``"taylor"``
 #: chooses between the expansion in the per-row quantities (``"taylor_predictor"``,
 #: :mod:`~pymc_minibatch_mh.estimators.predictor_taylor`) and the θ-space expansion
-#: (``"taylor_theta"``, :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`); the other two force one.
+#: (``"taylor_theta"``, :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`); the other
+#: two force one.
 CONTROL_VARIATES: tuple[str, ...] = ("taylor", "taylor_theta", "taylor_predictor")
 
 

@@ -194,8 +194,11 @@ def mcse(draws: Any, method: str = "mean") -> float:
 
 
 def register_numba_scalar(op_type: type, funcify: Any) -> None:
-    """Register ``funcify(op, node, **kwargs) -> (numba function, cache key)`` as the Numba
-    implementation of the PyTensor scalar op class ``op_type`` (in elementwise graphs)."""
+    """Register the Numba implementation of the PyTensor scalar op class ``op_type``.
+
+    ``funcify(op, node, **kwargs) -> (numba function, cache key)`` implements it in
+    elementwise graphs.
+    """
     try:
         from pytensor.link.numba.dispatch.scalar import register_scalar_funcify as register
     except ImportError:  # PyTensor 2.x

@@ -74,8 +74,10 @@ def cache_enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    """The cache's folder: ``PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR``, or one inside
-    PyTensor's ``compiledir``."""
+    """The cache's folder.
+
+    ``PYMC_MINIBATCH_MH_FUNCTION_CACHE_DIR``, or one inside PyTensor's ``compiledir``.
+    """
     folder = os.environ.get(_ENV + "_DIR")
     if folder:
         return Path(folder)
@@ -84,9 +86,11 @@ def cache_dir() -> Path:
 
 @functools.cache
 def _package_digest(root: Path | None = None) -> str:
-    """A digest of this package's source files (or those under ``root``): a derivation
-    (see :func:`cached_build`) is code, so a changed package must not load what the old
-    one derived."""
+    """A digest of this package's source files (or those under ``root``).
+
+    A derivation (see :func:`cached_build`) is code, so a changed package must not load
+    what the old one derived.
+    """
     root = Path(__file__).resolve().parents[1] if root is None else root
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):

@@ -108,9 +108,9 @@ class BatchedProducts:
     ``graph()`` returns ``(inputs, output, vector)``; it is called only when the batched
     graph is compiled (so a process that makes few products, or loads ``one`` from the
     function cache, builds no graph). ``products(*args, matrix)`` returns an array whose
-    row ``k`` is ``output`` at the ``inputs`` ``args`` and ``vector = matrix[k]``. The first :data:`LOOP_PRODUCTS`
-    products are made by ``one(*args, row)``, one call per row; after that in one call
-    of the batched graph (PyTensor's ``vectorize_graph``), unless PyTensor cannot
+    row ``k`` is ``output`` at the ``inputs`` ``args`` and ``vector = matrix[k]``. The first
+    :data:`LOOP_PRODUCTS` products are made by ``one(*args, row)``, one call per row; after that in
+    one call of the batched graph (PyTensor's ``vectorize_graph``), unless PyTensor cannot
     vectorise it (then one call per row throughout, with a log message naming ``what``).
 
     For the Jacobians and Hessians of the set-up's data-free parts, assembled from d
@@ -131,6 +131,7 @@ class BatchedProducts:
         self._batched: Any = None
 
     def __call__(self, *args: Any) -> np.ndarray:
+        """The products for ``(*inputs, matrix)``: one row per row of ``matrix``."""
         *inputs, matrix = args
         if self._batched is None and self._made >= LOOP_PRODUCTS:
             self._batched = self._compile() or False
@@ -335,8 +336,9 @@ def leading_length(var: Variable) -> int | None:
 
 
 class UpcastDot(Op):
-    """PyTensor's ``Dot`` of two matrices, one of them of a narrower dtype than the product,
-    converted block by block.
+    """PyTensor's ``Dot`` of two matrices that converts the narrower one block by block.
+
+    One of the two has a narrower dtype than the product.
 
     NumPy (in ``Dot.perform``) converts the whole narrower matrix before the product: for
     the split's reference on a float32 design of N = 10⁷, d = 100, a float64 copy of 8 GB

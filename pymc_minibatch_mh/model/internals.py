@@ -113,8 +113,10 @@ def compile_function(inputs: list[Any], outputs: Any, mode: Any) -> tuple[Any, l
 def compile_derived(inputs: list[Any], outputs: Any, recipe: str,
                     derive: Callable[[], tuple[Any, ...]],
                     mode: Any) -> tuple[Any, list[str], Any]:
-    """:func:`compile_function` of the graph ``derive()`` returns (its inputs and outputs),
-    derived from the graph of ``inputs`` and ``outputs`` by the derivation ``recipe`` names.
+    """:func:`compile_function` of the graph ``derive()`` returns (its inputs and outputs).
+
+    ``derive()`` derives it from the graph of ``inputs`` and ``outputs`` by the derivation
+    ``recipe`` names.
 
     A second process finds the function by the source graph and ``recipe``, and neither
     derives the graph (``pytensor.grad``) nor rewrites it: ``derive`` is called only when
@@ -307,8 +309,10 @@ _CACHEABLE: dict[type, tuple[type, Any]] = {Psi: (CephesPsi, digamma),
 
 @functools.cache
 def _source_digest(implementation: Any) -> str:
-    """A digest of an implementation's source and its helper's, read when a graph with
-    the op is first compiled (not at import)."""
+    """A digest of an implementation's source and its helper's.
+
+    Read when a graph with the op is first compiled (not at import).
+    """
     source = "".join(inspect.getsource(f.py_func) for f in (implementation, _digamma_positive))
     return hashlib.sha256(source.encode()).hexdigest()
 
@@ -330,9 +334,11 @@ _register_numba_implementations()
 
 
 def cacheable_special_functions(outputs: Any) -> Any:
-    """``outputs`` with ``psi`` and ``tri_gamma`` as :class:`CephesPsi` and
-    :class:`AS121TriGamma` (a copy of the graph; its inputs, shared variables and
-    constants are kept, the given graph is not changed). Anything else: ``outputs``."""
+    """``outputs`` with ``psi`` and ``tri_gamma`` as :class:`CephesPsi` and :class:`AS121TriGamma`.
+
+    A copy of the graph: its inputs, shared variables and constants are kept, the given
+    graph is not changed. Anything else: ``outputs``.
+    """
     from pytensor.graph.basic import Variable, clone_get_equiv
     from pytensor.graph.traversal import graph_inputs, io_toposort
     from pytensor.tensor.elemwise import Elemwise
@@ -409,8 +415,10 @@ class DirectCall:
 
     @property
     def jit(self) -> Any:
-        """The jitted graph: ``jit(*explicit inputs, *shared values)`` returns its outputs
-        as a tuple (callable from other Numba functions)."""
+        """The jitted graph (callable from other Numba functions).
+
+        ``jit(*explicit inputs, *shared values)`` returns its outputs as a tuple.
+        """
         return self._jit
 
     def shared_values(self) -> tuple[Any, ...]:
@@ -528,8 +536,9 @@ def set_adaptation_window(potential: Any, window: int | None) -> None:
 
 
 def nuts_density(nuts: Any) -> Callable[[Any], tuple[Any, Any]]:
-    """``q -> (log density, gradient)``: what PyMC's NUTS step ``nuts`` evaluates at its
-    raveled point ``q``, called directly.
+    """``q -> (log density, gradient)``, called directly.
+
+    What PyMC's NUTS step ``nuts`` evaluates at its raveled point ``q``.
 
     PyMC's leapfrog integrator calls the compiled function of the step's
     ``ValueGradFunction`` (``nuts._logp_dlogp_func._pytensor_function``) with the raveled
@@ -638,8 +647,9 @@ def tuned_nuts_start(nuts: Any) -> tuple[Any, Any, float, float]:
 
 
 def tuned_nuts_end(nuts: Any, diverging: bool) -> None:
-    """PyMC's counts after a tuned NUTS iteration (``astep``'s ``divergences`` and
-    ``iter_count``).
+    """PyMC's counts after a tuned NUTS iteration.
+
+    ``astep``'s ``divergences`` and ``iter_count``.
 
     The mass matrix's update is a no-op once tuning is over; the step size's only
     records the acceptance statistic for PyMC's own end-of-sampling warnings, which an

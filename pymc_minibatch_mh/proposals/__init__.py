@@ -1,7 +1,8 @@
 """Proposals: kernels ``(rng, state, scale) -> (state′, info)`` on the flat parameter vector.
 
-:class:`~pymc_minibatch_mh.proposals.base.Proposal` is the interface (:mod:`~pymc_minibatch_mh.proposals.base`); one module
-per family; :func:`~pymc_minibatch_mh.proposals.registry.make_proposal` is what
+:class:`~pymc_minibatch_mh.proposals.base.Proposal` is the interface
+(:mod:`~pymc_minibatch_mh.proposals.base`); one module per family;
+:func:`~pymc_minibatch_mh.proposals.registry.make_proposal` is what
 ``proposal=`` (and ``"auto"``) builds; :class:`~pymc_minibatch_mh.proposals.tuning.ScalingTuner`
 adapts a proposal's scale from outside.
 """

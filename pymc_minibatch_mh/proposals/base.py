@@ -157,10 +157,10 @@ class Proposal(ABC):
         ``state.x`` is not modified; the returned state's ``x`` is a new array.
         """
 
-    def start_chain(self, rng: np.random.Generator) -> None:
+    def start_chain(self, rng: np.random.Generator) -> None:  # noqa: B027 (optional hook)
         """A new chain: restart the proposal's own adaptation (generators spawned from ``rng``)."""
 
-    def set_tuning(self, tuning: bool) -> None:
+    def set_tuning(self, tuning: bool) -> None:  # noqa: B027 (optional hook)
         """Whether the proposal's own adaptation runs (PyMC's tuning phase)."""
 
     def start_point(self, rng: np.random.Generator) -> _Vec | None:

@@ -28,8 +28,8 @@ kernel) are built on first use in each process (a step pickled to PyMC's worker
 processes rebuilds them there): a few seconds of XLA compilation. Against PyMC's NUTS
 as it is since stop 41 this no longer pays on the zoo's random intercepts (N = 3·10⁴,
 PyMC's default draws, one run each: sampling 20.3 s against 14.8 s, and this kernel,
-without the centring and whitening of the other, did not converge there: R-hat 1.61). JAX runs in double precision
-(``jax_enable_x64``, set globally, as PyMC's JAX samplers do).
+without the centring and whitening of the other, did not converge there: R-hat 1.61). JAX runs in
+double precision (``jax_enable_x64``, set globally, as PyMC's JAX samplers do).
 
 Processes. JAX is multithreaded and cannot run in a process forked after it started: on
 Linux, PyMC forks its worker processes (``cores > 1``), which is fine as long as this

@@ -164,7 +164,8 @@ class SurrogateLangevinProposal(_WhitenedGradientProposal):
     noise is ``h·Lξ``. As ``d → ∞`` the optimal ``h`` shrinks like ``d^{-1/3}`` with an
     acceptance rate of about 0.574 [2]_; with the gradient of the Gaussian surrogate
     itself the drift is ``−(h²/2)(θ − θ̂)`` and the move is an over-dispersed
-    autoregression around θ̂ much like :class:`~pymc_minibatch_mh.proposals.crank_nicolson.CrankNicolsonProposal`.
+    autoregression around θ̂ much like
+    :class:`~pymc_minibatch_mh.proposals.crank_nicolson.CrankNicolsonProposal`.
 
     **log-q ratio.** With ``g = ∇log π̃(θ)``, ``g′ = ∇log π̃(θ′)`` and
     ``q(θ′|θ) = N(θ′; θ + (h²/2)Σg, h²Σ)``, the forward residual is
@@ -178,8 +179,8 @@ class SurrogateLangevinProposal(_WhitenedGradientProposal):
 
     (the normalising constants are equal). It costs one gradient and two matrix-vector
     products per call: the gradient at ``x`` travels in the state, so a chain step
-    computes only the one at θ′. If the gradient at ``θ′`` is not finite the reverse move has no density
-    and the ratio is ``−inf`` (a sure rejection); if it is not finite at ``θ`` the
+    computes only the one at θ′. If the gradient at ``θ′`` is not finite the reverse move has no
+    density and the ratio is ``−inf`` (a sure rejection); if it is not finite at ``θ`` the
     proposal is ``θ`` itself with ratio ``−inf``.
 
     References
@@ -242,7 +243,8 @@ class SurrogateHMCProposal(_WhitenedGradientProposal):
     gives the same, exact, chain on θ [1]_. The potential part of the Hamiltonian is the
     real target's, evaluated by the step as usual; π̃ only steers the trajectory.
 
-    The gradient at the start travels in the state as for MALA, so a proposal costs ``n_steps`` gradients and ``2·n_steps`` matrix-vector products.
+    The gradient at the start travels in the state as for MALA, so a proposal costs ``n_steps``
+    gradients and ``2·n_steps`` matrix-vector products.
     A non-finite gradient along the trajectory stops it and returns ratio ``−inf``.
 
     References

@@ -236,8 +236,10 @@ class SurrogateNUTSProposal(Proposal):
         return kept[0], kept[1].copy()
 
     def _trajectory(self, start: object, p0: _Vec, step_size: float) -> object:
-        """One NUTS trajectory as one compiled call (:func:`~pymc_minibatch_mh.proposals.
-        nuts_tree.build_tree`), in place of PyMC's ``_hamiltonian_step``."""
+        """One NUTS trajectory as one compiled call, in place of PyMC's ``_hamiltonian_step``.
+
+        The call is :func:`~pymc_minibatch_mh.proposals.nuts_tree.build_tree`.
+        """
         out = self._run_tree(start.q.data, start.p, start.v, start.q_grad,
                              float(start.model_logp), float(start.energy), step_size,
                              bool(self.nuts.tune))
@@ -255,9 +257,11 @@ class SurrogateNUTSProposal(Proposal):
 
     def _run_tree(self, q0: _Vec, p0: _Vec, v0: _Vec, grad0: _Vec, logp0: float,
                   energy0: float, step_size: float, tuning: bool) -> tuple[object, ...]:
-        """:func:`~pymc_minibatch_mh.proposals.nuts_tree.build_tree` from this start with
-        the step's mass matrix, depth limit and generator; its leapfrog evaluations are
-        counted in ``density_evaluations``."""
+        """:func:`~pymc_minibatch_mh.proposals.nuts_tree.build_tree` from this start.
+
+        With the step's mass matrix, depth limit and generator; its leapfrog evaluations
+        are counted in ``density_evaluations``.
+        """
         max_depth, e_max, rng = nuts_tree_settings(self.nuts)
         mass, dense = nuts_mass(self.nuts.potential)
         cells = self._density.shared_values()
@@ -311,13 +315,16 @@ class SurrogateNUTSProposal(Proposal):
         return self._chol_inv @ (u - self._whiten[0])
 
     def _unwhiten(self, v: _Vec) -> _Vec:
-        """The centred coordinates ``u`` of NUTS's ``v`` (:meth:`_to_inner` inverted, up
-        to the centring; ``v`` itself unwhitened)."""
+        """The centred coordinates ``u`` of NUTS's ``v``.
+
+        :meth:`_to_inner` inverted, up to the centring; ``v`` itself unwhitened.
+        """
         return v if self._whiten is None else self._whiten[0] + self._whiten[1] @ v
 
     def _from_centred(self, u: _Vec) -> tuple[_Vec, float]:
-        """The model's coordinates of the centred ``u`` and ``log |det ∂θ/∂φ|`` there
-        (``u`` itself and 0 without centring).
+        """The model's coordinates of the centred ``u`` and ``log |det ∂θ/∂φ|`` there.
+
+        ``u`` itself and 0 without centring.
 
         NUTS's density at ``v`` is ``log π̃(θ) +`` that term (the whitening is linear: its
         Jacobian is a constant, left out).
@@ -326,9 +333,10 @@ class SurrogateNUTSProposal(Proposal):
 
     def _state(self, v: _Vec, x: _Vec | None = None,
                density: tuple[float, _Vec] | None = None) -> ProposalState:
-        """The state at NUTS's ``v`` (the model's ``x``, computed unless given):
-        ``log π̃(x)`` from NUTS's own density (and gradient) at ``v``, evaluated unless
-        given as ``density``.
+        """The state at NUTS's ``v`` (the model's ``x``, computed unless given).
+
+        ``log π̃(x)`` comes from NUTS's own density (and gradient) at ``v``, evaluated
+        unless given as ``density``.
 
         ``carry`` keeps ``v`` and NUTS's density and gradient there, so the next
         transition starts from the same ``v`` without evaluating π̃ again.

@@ -327,9 +327,11 @@ _TREES: dict[Any, Any] = {}
 
 
 class _DensityAddress(WrapperAddressProtocol):
-    """A compiled density as a first-class function of its signature (Numba's wrapper
-    address protocol): passing it costs the address, not a lookup of the dispatcher's
-    compiled code at every call (about 30 µs). Valid in this process only."""
+    """A compiled density as a first-class function of its signature.
+
+    Numba's wrapper address protocol: passing it costs the address, not a lookup of the
+    dispatcher's compiled code at every call (about 30 µs). Valid in this process only.
+    """
 
     def __init__(self, density: Any, signature: Any) -> None:
         self._density = density  # keeps the compiled code alive

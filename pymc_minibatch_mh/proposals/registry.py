@@ -117,9 +117,9 @@ def make_proposal(
     Raises
     ------
     ValueError
-        For an unknown name, an object that is not a :class:`~pymc_minibatch_mh.proposals.base.Proposal`, a surrogate
-        proposal without control variates, ``S`` with a surrogate proposal, or no Laplace
-        fit when one was asked for by name.
+        For an unknown name, an object that is not a
+        :class:`~pymc_minibatch_mh.proposals.base.Proposal`, a surrogate proposal without control
+        variates, ``S`` with a surrogate proposal, or no Laplace fit when one was asked for by name.
 
     """
     if proposal is not None and not isinstance(proposal, str):

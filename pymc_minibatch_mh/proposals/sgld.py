@@ -162,7 +162,8 @@ class StochasticLangevinProposal(Proposal):
         Parameters
         ----------
         step : MinibatchStep
-            A step method of the package (its ``likelihood`` and ``temperature`` are read); assign the result to ``step.proposal``.
+            A step method of the package (its ``likelihood`` and ``temperature`` are read); assign
+            the result to ``step.proposal``.
         batch_size : int
             Rows of each proposal's minibatch.
 

@@ -303,8 +303,10 @@ class Centring:
         return np.asarray(self._to_phi(np.asarray(x, dtype=np.float64)), dtype=np.float64)
 
     def from_phi(self, phi: ArrayLike) -> tuple[NDArray[np.float64], float]:
-        """``T⁻¹(φ)`` and ``log |det ∂θ/∂φ|`` there (the term :meth:`log_density_graph`
-        adds), in one call."""
+        """``T⁻¹(φ)`` and ``log |det ∂θ/∂φ|`` there, in one call.
+
+        The second is the term :meth:`log_density_graph` adds.
+        """
         # a writable float64 copy: the type the compiled function was called with
         theta, log_jacobian = self._from_phi(np.array(phi, dtype=np.float64))
         return np.asarray(theta, dtype=np.float64), float(log_jacobian)

@@ -1,4 +1,7 @@
-"""The PyMC step methods: thin classes on :class:`~pymc_minibatch_mh.transition.step.MinibatchStep`."""
+"""The PyMC step methods.
+
+Thin classes on :class:`~pymc_minibatch_mh.transition.step.MinibatchStep`.
+"""
 
 from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker

@@ -408,8 +408,10 @@ class DaskRowStore(RowStore):
         return list(_compute(self._what(what), *tasks))
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
-        """A full pass, block by block (the next block computed while this one is used), in
-        calls of :func:`~pymc_minibatch_mh.store.row_store.pass_rows` rows."""
+        """A full pass, block by block (the next block computed while this one is used).
+
+        In calls of :func:`~pymc_minibatch_mh.store.row_store.pass_rows` rows.
+        """
         n = self.n_rows
         self.check_unchanged()
         bounds = [(start, min(n, start + size)) for start in range(0, n, size)]

@@ -1,7 +1,7 @@
 """Which row store a step reads: the model's in-memory rows, or the ``data=`` sources.
 
-:func:`~pymc_minibatch_mh.store.registry.resolve_data` matches the entries of ``data=`` to the model's per-row data
-variables; :func:`make_store` builds the store: a
+:func:`~pymc_minibatch_mh.store.registry.resolve_data` matches the entries of ``data=`` to the
+model's per-row data variables; :func:`make_store` builds the store: a
 :class:`~pymc_minibatch_mh.store.row_store.RowStore` (in memory, ``.npy``, Zarr, Parquet,
 optionally a shuffled local copy) or, for Dask arrays, a
 :class:`~pymc_minibatch_mh.store.dask_store.DaskRowStore`.
@@ -81,7 +81,9 @@ def make_store(
     row_vars: Sequence[Variable], data: Mapping[int, tuple[str, Any]] | None = None,
     shuffled_copy: bool = False,
 ) -> RowStore:
-    """The row store for the data: a :class:`~pymc_minibatch_mh.store.row_store.RowStore`, or a Dask store for Dask arrays.
+    """The row store for the data.
+
+    A :class:`~pymc_minibatch_mh.store.row_store.RowStore`, or a Dask store for Dask arrays.
 
     Parameters
     ----------

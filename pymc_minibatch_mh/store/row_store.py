@@ -101,8 +101,9 @@ class RowStore:
         of the compiled functions' row inputs.
     data : dict, optional
         Position in ``row_vars`` → (name, array): data read instead of the model's values
-        (see :func:`~pymc_minibatch_mh.store.registry.resolve_data` and :mod:`~pymc_minibatch_mh.store.sources`); the
-        model then holds a slice of the rows, for shapes and dtypes.
+        (see :func:`~pymc_minibatch_mh.store.registry.resolve_data` and
+        :mod:`~pymc_minibatch_mh.store.sources`); the model then holds a slice of the rows, for
+        shapes and dtypes.
     shuffled_copy : bool
         Write the ``data=`` arrays to a local copy in a uniformly random row order and read
         blocks of rows from it (:mod:`~pymc_minibatch_mh.store.shuffled`): one read per

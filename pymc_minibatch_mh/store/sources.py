@@ -110,7 +110,9 @@ def _file_stamp(path: Path) -> tuple[Any, ...]:
 
 
 def check_missing(name: str, block: NDArray[Any], start: int) -> None:
-    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if a block of rows has missing values (NaN).
+    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if a block has missing values.
+
+    Missing: NaN in any of its rows.
 
     Parameters
     ----------
@@ -137,7 +139,10 @@ def check_missing(name: str, block: NDArray[Any], start: int) -> None:
 
 
 def check_disk(folder: Path, nbytes: int, what: str) -> None:
-    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if ``folder``'s file system lacks ``nbytes`` free."""
+    """Raise :class:`~pymc_minibatch_mh.errors.DataStoreError` if ``folder`` lacks room.
+
+    Room: ``nbytes`` free on its file system.
+    """
     free = shutil.disk_usage(folder).free
     if free < nbytes:
         raise DataStoreError(

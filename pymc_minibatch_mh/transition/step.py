@@ -1,13 +1,13 @@
 r"""The shared PyMC step methods of all minibatch acceptance tests.
 
-:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` is the base of every step method of the package. It holds what
-they all share: the constructor's wiring (the compiled likelihood, the prefetch policy,
-the Δ\* estimator, the generator and the checks of the settings), the temperature, the
-chain's start and its checks, the warning for a non-finite ratio, the rule of the
-``accept`` stat, the common stats and their declaration, the draw as a sequence of
-transitions whose stats :func:`~pymc_minibatch_mh.transition.inner_steps.merge_stats`
-merges, and PyMC's hooks. A subclass supplies the transitions of a draw
-(``_transitions``), the acceptance test (``_decide``) and its own stats.
+:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` is the base of every step method of
+the package. It holds what they all share: the constructor's wiring (the compiled likelihood, the
+prefetch policy, the Δ\* estimator, the generator and the checks of the settings), the temperature,
+the chain's start and its checks, the warning for a non-finite ratio, the rule of the ``accept``
+stat, the common stats and their declaration, the draw as a sequence of transitions whose stats
+:func:`~pymc_minibatch_mh.transition.inner_steps.merge_stats` merges, and PyMC's hooks. A subclass
+supplies the transitions of a draw (``_transitions``), the acceptance test (``_decide``) and its own
+stats.
 
 :class:`MinibatchStep` adds what the Metropolis-Hastings steps share: the proposal, the
 scale tuner, the surrogate start point, the audit and the temperature schedule. It runs
@@ -26,7 +26,8 @@ composition of four parts:
 A subclass of :class:`MinibatchStep` supplies ``_decide(estimator, data_free)`` and the
 declaration and extraction of its own stats;
 :class:`~pymc_minibatch_mh.step_methods.gibbs.MinibatchGibbs` is the other subclass of
-:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` (a coordinate update per transition, a scan per draw).
+:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` (a coordinate update per transition, a
+scan per draw).
 """
 
 from __future__ import annotations
@@ -507,9 +508,9 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
 class MinibatchStep(MinibatchStepBase):
     """Base class of the minibatch Metropolis-Hastings step methods (not used directly).
 
-    Adds to :class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` the proposal, its scale tuner, the surrogate start
-    point, the audit and the temperature schedule; a draw is ``steps_per_draw``
-    transitions (``_transition``).
+    Adds to :class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase` the proposal, its scale
+    tuner, the surrogate start point, the audit and the temperature schedule; a draw is
+    ``steps_per_draw`` transitions (``_transition``).
 
     Parameters
     ----------
