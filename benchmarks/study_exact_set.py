@@ -1,11 +1,12 @@
 """Study: which rows of the zoo's crossed model the test can leave to its minibatch.
 
 Issue 31 asks for at most 1,000 rows per transition on the crossed random intercepts.
-The zero-config step sums the rows of the levels with little information exactly (the
-*exact set*, ``estimators/predictor_taylor.py``): the test reads them once per
-transition, and the surrogate posterior π̃ contains them, so NUTS on π̃ reads them at each
-of its evaluations (``extra_evaluations``). This script measures what a smaller exact set
-would cost, with the package's own residuals:
+Until stop 55 the zero-config step summed the rows of the levels with little information
+exactly (the *exact set*): the test read them once per transition, and the surrogate
+posterior π̃ contained them, so NUTS on π̃ read them at each of its evaluations. This
+script measured what a smaller exact set would cost, and what expanding the set's rows
+around their level's shift would (what ``estimators/predictor_shift.py`` now does), with
+the package's own residuals:
 
 1. the zero-config step samples the model (one chain, ``--draws`` + ``--draws``) and
    gives θ̂ and each level's information (in average rows, as the step counts it);
@@ -22,7 +23,8 @@ would cost, with the package's own residuals:
    set, ``η̂_i + Σ_f (σ_f z_f[g_fi] − σ̂_f ẑ_f[g_fi])``. Then no row is summed exactly:
    the sd is that of the test's estimate of all N rows' residual sum at m = 100, and
    ``|Σ_{i∈E} r_i|`` the error of a surrogate that used those expansions for the set. (The
-   NumPy residuals with no shift are checked against the package's.)
+   NumPy residuals with no shift are checked against the package's; the package's own
+   expansion keeps θ̂'s curvature for the other coefficients' change, and tabulates.)
 
 Run (seconds to a few minutes)::
 
@@ -79,11 +81,11 @@ def main(argv=None) -> None:
         level_weight.append(predictor_taylor.average_rows(information[sl], counts, n))
         weight = np.minimum(weight, level_weight[-1][g])
     # The same expansion without an exact set: every row's residual.
-    with mock.patch.object(predictor_taylor, "EXACT_LEVEL_ROWS", 0), model:
+    with mock.patch.object(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0), model:
         bare = MinibatchBarker(control_variate="taylor",
                                reference=point_map.to_point(ref.theta, model.initial_point()))
     cv0 = bare.control_variate
-    assert cv0.exact_rows == 0
+    assert cv0.set_rows == 0
     post = idata.posterior.isel(chain=0)
     to_values = _to_values(model)
     flat = [point_map.to_flat(to_values({name: post[name].values[k] for name in post.data_vars}))
@@ -107,7 +109,7 @@ def main(argv=None) -> None:
                                                               for w in level_weight])
                       for i, j in pairs])
     assert np.allclose(check, r, rtol=1e-6, atol=1e-8 * np.abs(r).max()), "NumPy != package"
-    print(f"N = {n:,}; the zero-config step's exact set: {cv.exact_rows:,} rows; "
+    print(f"N = {n:,}; the zero-config step's set: {cv.set_rows:,} rows; "
           f"{args.pairs} pairs of posterior draws\n")
     print("| levels with fewer average rows than | rows in the set | sd at m = 100, "
           "median (90 %) | m for sd 0.5 | abs(sum over the set), median (90 %) |")

@@ -24,7 +24,7 @@ import pytensor
 import pytest
 from conftest import sample_kwargs
 from scipy.special import expit
-from test_exact_set import crossed_model
+from test_shifted_set import crossed_model
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model.compat import posterior

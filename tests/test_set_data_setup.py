@@ -159,10 +159,10 @@ def test_pickling_for_spawned_workers_carries_the_new_set_up():
     assert copy.control_variate.setups == 2 and copy._n_rows == 800
 
 
-# ------------------------------------------------------- per-row quantities, exact set
+# ------------------------------------------------------- per-row quantities, the set
 def grouped_model(n, seed):
-    """Random intercepts (as in test_exact_set.py, one factor) with every per-row array in
-    pm.Data; the factor has 10 large levels and 15 small ones (summed exactly)."""
+    """Random intercepts (as in test_shifted_set.py, one factor) with every per-row array in
+    pm.Data; the factor has 10 large levels and 15 small ones (the set's)."""
     rng = np.random.default_rng(seed)
     small = np.repeat(np.arange(10, 25), np.arange(1, 16))
     g = rng.permutation(np.concatenate([rng.integers(10, size=n - small.size), small]))
@@ -179,17 +179,17 @@ def grouped_model(n, seed):
     return model, data
 
 
-def test_per_row_quantity_expansion_selects_its_exact_set_again():
-    """The exact set's flags and rows are shared variables of the per-step function and of
-    the surrogate posterior: on new data (N = 1,000, then 4,500, from 3,000) it is selected
-    again at the new θ̂ and loaded (MALA follows the surrogate's gradient, exact set
-    included); the draws equal a fresh step's."""
+def test_per_row_quantity_expansion_selects_its_set_again():
+    """The set's slots and tables are shared variables of the per-step function and of
+    the surrogate posterior: on new data (N = 1,000, then 4,500, from 3,000) the set is
+    selected again at the new θ̂ and its tables built (MALA follows the surrogate's
+    gradient, the tables included); the draws equal a fresh step's."""
     model, _ = grouped_model(3000, 5)
     settings = dict(batch_size=100, control_variate="taylor_predictor", proposal="mala")
     with model:
         step = MinibatchBarker(**settings)
     cv = step.control_variate
-    positions = [cv.exact_positions.copy()]
+    positions = [cv.set_positions.copy()]
     for seed, new_n in ((8, 1000), (9, 4500)):
         fresh_model, data = grouped_model(new_n, seed)
         with model:
@@ -198,10 +198,10 @@ def test_per_row_quantity_expansion_selects_its_exact_set_again():
         with fresh_model:
             fresh = MinibatchBarker(**settings)
         assert_same_draws(followed, draws_of(fresh_model, fresh, draws=40, tune=10))
-        np.testing.assert_array_equal(cv.exact_positions,
-                                      fresh.control_variate.exact_positions)
-        assert cv.exact_rows > 0 and cv.setups == len(positions) + 1
-        positions.append(cv.exact_positions.copy())
+        np.testing.assert_array_equal(cv.set_positions,
+                                      fresh.control_variate.set_positions)
+        assert cv.set_rows > 0 and cv.setups == len(positions) + 1
+        positions.append(cv.set_positions.copy())
     # 10 % of N at most: the shorter data's set is smaller, the longer one's the same size.
     assert [p.size for p in positions] == [120, 93, 120]
     assert not np.array_equal(positions[0], positions[2])

@@ -30,7 +30,14 @@ from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 if TYPE_CHECKING:
     from pymc_minibatch_mh.estimators.predictor_analysis import PredictorAnalysis
 
-__all__ = ["NEWTON_FIRST_WORK", "PredictorChunkSums", "PredictorPasses", "PredictorReference"]
+__all__ = [
+    "NEWTON_FIRST_WORK",
+    "PredictorChunkSums",
+    "PredictorPasses",
+    "PredictorReference",
+    "quantity_functions",
+    "row_features",
+]
 
 #: Largest ``N·K²`` (rows times the square of the per-row quantities' coefficients: the
 #: work of a pass with the Hessian) at which a MAP search without a subsample starts with
@@ -208,17 +215,8 @@ class PredictorPasses(TaylorPasses):
         an = self.analysis
         graphs = self.likelihood.graphs
         flat, data = graphs.flat, list(graphs.data)
-        features = []
+        features = row_features(an)
         n = an.n_batch
-        for t in an.terms:
-            if t.kind == "index":
-                features.append(pt.as_tensor(an.rows(t.index)).astype("int64"))
-                if t.feature is not None:
-                    features.append(pt.broadcast_to(an.rows(t.feature).astype("float64"), (n,)))
-            elif t.feature is not None:
-                f = an.rows(t.feature).astype("float64")
-                shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
-                features.append(pt.broadcast_to(f, shape))
 
         def derive() -> tuple[list[Any], list[Any], list[tuple[int, int]]]:
             g, h, loglik = quantity_derivatives(an, flat)
@@ -280,12 +278,33 @@ class PredictorPasses(TaylorPasses):
         )
 
 
-def quantity_derivatives(
-    an: PredictorAnalysis, at: Any
-) -> tuple[list[Any], list[tuple[int, int, Any]], Any]:
-    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` at ``q(at)`` on a row batch.
+def row_features(an: PredictorAnalysis) -> list[Any]:
+    """The terms' per-row features on a row batch, in the layout of :class:`PredictorChunkSums`.
 
-    The second derivatives come as ``(j, k, H_jk)`` with ``j ≤ k``.
+    Per index term its integer column (and its weights, if any); per dense term with a
+    feature, the feature (n,) or (n, K).
+    """
+    features = []
+    n = an.n_batch
+    for t in an.terms:
+        if t.kind == "index":
+            features.append(pt.as_tensor(an.rows(t.index)).astype("int64"))
+            if t.feature is not None:
+                features.append(pt.broadcast_to(an.rows(t.feature).astype("float64"), (n,)))
+        elif t.feature is not None:
+            f = an.rows(t.feature).astype("float64")
+            shape = (n,) if f.ndim <= 1 else (n, f.shape[-1])
+            features.append(pt.broadcast_to(f, shape))
+    return features
+
+
+def quantity_functions(
+    an: PredictorAnalysis,
+) -> tuple[list[Any], list[Any], list[tuple[int, int, Any]], Any]:
+    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` as graphs of the quantities.
+
+    Returns the quantities' input vectors ``q_j`` and, of them and the row batch, ``g``,
+    ``(j, k, H_jk)`` with ``j ≤ k`` and ``ℓ``.
     """
     preds = an.predictors
     m = len(preds.quantities)
@@ -303,6 +322,19 @@ def quantity_derivatives(
                        return_disconnected="none")
             if hjl is not None:
                 pairs.append((j, j2, hjl))
+    return q, g, pairs, loglik
+
+
+def quantity_derivatives(
+    an: PredictorAnalysis, at: Any
+) -> tuple[list[Any], list[tuple[int, int, Any]], Any]:
+    """Per-row ``g_j``, the non-zero ``H_jk`` and ``ℓ_i`` at ``q(at)`` on a row batch.
+
+    The second derivatives come as ``(j, k, H_jk)`` with ``j ≤ k``.
+    """
+    preds = an.predictors
+    m = len(preds.quantities)
+    q, g, pairs, loglik = quantity_functions(an)
     n = an.n_batch
     q_at = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
             for quant in preds.quantities]

@@ -133,9 +133,6 @@ class RatioEstimator:
 
     #: The estimator's name (``step.estimator.name``).
     name: ClassVar[str] = "ratios"
-    #: Rows evaluated at every step besides the test's (in the data-free part); see
-    #: :mod:`~pymc_minibatch_mh.estimators.predictor_taylor`'s exact set.
-    exact_rows: int = 0
     #: Re-centrings of the control variates' reference so far (none without them).
     recenterings: int = 0
 

@@ -137,11 +137,9 @@ class Proposal(ABC):
     transitions_per_draw: ClassVar[int] = 1
     #: The Gaussian (Laplace) fit the proposal moves around, or None.
     surrogate: GaussianSurrogate | None = None
-    #: Evaluations of the surrogate posterior π̃ since the step last read this counter
-    #: (density, gradient or both at one point count once: a leapfrog step is one). The
-    #: step counts the rows each one reads (the exact set's, see
-    #: :mod:`~pymc_minibatch_mh.estimators.predictor_taylor`) in ``extra_evaluations``
-    #: and sets the counter back to 0. Proposals that do not evaluate π̃ leave it at 0.
+    #: Evaluations of the surrogate posterior π̃ since the proposal was built (density,
+    #: gradient or both at one point count once: a leapfrog step is one); a diagnostic:
+    #: π̃ reads no rows. Proposals that do not evaluate π̃ leave it at 0.
     density_evaluations: int = 0
 
     def init(self, x: _Vec) -> ProposalState:

@@ -191,7 +191,7 @@ class MinibatchBarker(MinibatchStep):
     ``delta_star`` (Δ*), ``delta_variance`` (s²), with ``skew_correction`` only ``skew``
     (third cumulant of the top-up noise) and ``skew_fallback``, ``growth_rounds``, ``full_data``,
     ``early_decision``, ``nonfinite``, ``extra_evaluations`` (rows read besides the test's
-    minibatch: a re-centring's pass, the audit's, the control variates' exact set),
+    minibatch: a re-centring's pass, the audit's),
     ``scaling`` (the effective proposal scale), ``temperature``, ``rows_per_round`` (m),
     ``penalty_test`` (whether the penalty test decided), and the chain's running
     ``mean_batch_size`` and ``accept_rate`` (shown in the progress bar).

@@ -699,9 +699,10 @@ class MinibatchStep(MinibatchStepBase):
     def _data_followed(self) -> None:
         """After a repeated set-up: the surrogate posterior and the proposal built again.
 
-        Both hold the Laplace fit (and the surrogate the exact set's rows) of the old set-up;
-        a proposal without a surrogate (the random walk with given ``S``, SGLD, which reads
-        the row store's N itself) is built again too, or kept when the user set it.
+        Both hold the Laplace fit (and the surrogate the control variates' tables) of the
+        old set-up; a proposal without a surrogate (the random walk with given ``S``, SGLD,
+        which reads the row store's N itself) is built again too, or kept when the user
+        set it.
 
         Raises
         ------
@@ -890,13 +891,7 @@ class MinibatchStep(MinibatchStepBase):
         audit = self.audit(estimator, data_free, outcome, getattr(self, "correction", None))
         estimator.close(outcome.rounds)
         self._proposal_state = new_state if outcome.accepted else state
-        # The exact set's rows are read by the test once and by each evaluation of the
-        # surrogate posterior, whose log density contains their log-likelihood.
-        evaluations, self.proposal.density_evaluations = self.proposal.density_evaluations, 0
-        stats = self._complete_step(
-            point, x_prop, outcome,
-            recentered + self.audit.rows + estimator.exact_rows * (1 + evaluations), audit,
-        )
+        stats = self._complete_step(point, x_prop, outcome, recentered + self.audit.rows, audit)
         new_point, (step_stats,) = stats
         step_stats["recentered"] = changed
         if self.proposal.uses_scale:

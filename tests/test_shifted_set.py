@@ -1,11 +1,14 @@
-"""The exact set of the per-row-quantity control variates: rows of small levels summed
-exactly at every step (``estimators/predictor_taylor.py``).
+"""The set of the per-row-quantity control variates: rows of the levels with little
+information, expanded around their level's own shift (``estimators/predictor_taylor.py``,
+``estimators/predictor_shift.py``).
 
 On crossed random intercepts whose second factor has levels down to one row, the
-estimator must stay exact in law: its data-free part plus the sum of all N per-row
-values is the exact log acceptance ratio at every pair (θ, θ′); the minibatch values of
-the exact set's rows are zero (they are not counted twice); and the surrogate posterior
-includes the exact set's log-likelihood, with the gradient of its value.
+estimator must stay exact in law: its data-free part (which holds the levels' tables)
+plus the sum of all N per-row values is the exact log acceptance ratio at every pair
+(θ, θ′), at any temperature and after a re-centring; the set's residuals are far smaller
+than those of the expansion around θ̂ (what the tables are for); the surrogate posterior's
+difference is the data-free part, with the gradient of its value; and no row is read
+besides the test's.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.estimators import predictor_taylor
-from pymc_minibatch_mh.estimators.predictor_taylor import EXACT_LEVEL_ROWS, EXACT_ROWS_MAX_SHARE
+from pymc_minibatch_mh.estimators.predictor_taylor import SHIFTED_LEVEL_ROWS, SHIFTED_ROWS_MAX_SHARE
 from pymc_minibatch_mh.model.compat import group
 
 N = 3000
@@ -65,22 +68,22 @@ def _exact_delta(step, x, x_prop):
             + lik.prior(x_prop) - lik.prior(x))
 
 
-def test_the_small_levels_form_the_exact_set(crossed):
+def test_the_small_levels_form_the_set(crossed):
     _, g2, step = crossed
     cv = step.control_variate
     assert cv.name == "taylor_predictor"
     sizes = np.bincount(g2)
-    # Levels of fewer than EXACT_LEVEL_ROWS rows, smallest first, within the budget of
-    # EXACT_ROWS_MAX_SHARE · N = 300 rows: the levels of 1 to 24 rows (300 rows).
-    assert EXACT_LEVEL_ROWS > 30 and EXACT_ROWS_MAX_SHARE * N == 300
+    # Levels of fewer than SHIFTED_LEVEL_ROWS rows, smallest first, within the budget of
+    # SHIFTED_ROWS_MAX_SHARE · N = 300 rows: the levels of 1 to 24 rows (300 rows).
+    assert SHIFTED_LEVEL_ROWS > 30 and SHIFTED_ROWS_MAX_SHARE * N == 300
     expected = np.flatnonzero(sizes[g2] <= 24)
-    np.testing.assert_array_equal(cv.exact_positions, expected)
-    assert cv.exact_rows == expected.size == sum(range(1, 25))
+    np.testing.assert_array_equal(cv.set_positions, expected)
+    assert cv.set_rows == expected.size == sum(range(1, 25))
 
 
 def test_a_level_is_chosen_by_its_information_not_its_rows():
-    """Two levels of 80 rows, above EXACT_LEVEL_ROWS: the one with 2 positive outcomes has
-    the information of about 10 average rows and is summed exactly; the one with balanced
+    """Two levels of 80 rows, above SHIFTED_LEVEL_ROWS: the one with 2 positive outcomes has
+    the information of about 10 average rows and is in the set; the one with balanced
     outcomes is not. A rule by row counts leaves both out."""
     rng = np.random.default_rng(11)
     n = 3000
@@ -100,16 +103,16 @@ def test_a_level_is_chosen_by_its_information_not_its_rows():
         b = pm.Normal("b", 0.0, 1.0)
         pm.Bernoulli("y", logit_p=mu + s * z[g] + b * x, observed=y)
         cv = MinibatchBarker(control_variate="taylor").control_variate
-    exact = np.zeros(n, dtype=bool)
-    exact[cv.exact_positions] = True
-    assert exact[g == 10].all() and not exact[g == 11].any()
-    assert exact[g >= 12].all() and not exact[g < 10].any()
+    chosen = np.zeros(n, dtype=bool)
+    chosen[cv.set_positions] = True
+    assert chosen[g == 10].all() and not chosen[g == 11].any()
+    assert chosen[g >= 12].all() and not chosen[g < 10].any()
     # The sparse level's information, in average rows, is below the threshold.
     slices = [sl for t, sl in zip(cv.analysis.terms, cv.analysis.slices, strict=True)
               if t.kind == "index"]
     weights = predictor_taylor.average_rows(-np.diag(cv.reference.coef_hessian)[slices[0]],
                                             np.bincount(g), n)
-    assert weights[10] < 0.5 * EXACT_LEVEL_ROWS < EXACT_LEVEL_ROWS < weights[11]
+    assert weights[10] < 0.5 * SHIFTED_LEVEL_ROWS < SHIFTED_LEVEL_ROWS < weights[11]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -127,12 +130,52 @@ def test_data_free_part_plus_all_values_is_the_exact_ratio(crossed, seed):
         prior = step.likelihood.prior(x_prop) - step.likelihood.prior(x)
         assert data_free + values.sum() == pytest.approx(prior + inv_t * (exact - prior),
                                                          abs=1e-8)
-        # The exact set's rows are not counted again in the minibatch values.
-        assert np.all(values[cv.exact_positions] == 0.0)
-        assert np.count_nonzero(values) > N - cv.exact_rows - 10
+        # Every row is left to the minibatch.
+        assert np.count_nonzero(values) > N - 10
 
 
-def test_the_surrogate_includes_the_exact_set(crossed):
+@pytest.fixture(scope="module")
+def around_hat():
+    """The same model's expansion with every row expanded around θ̂ (no set)."""
+    model, _ = crossed_model()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0)
+        with model:
+            step = MinibatchBarker(control_variate="taylor")
+    assert step.control_variate.set_rows == 0
+    return step
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_move_of_the_small_levels_leaves_their_rows_no_residual(crossed, around_hat, seed):
+    """The point of the tables: when only the set's levels move (two Laplace sds, as a
+    few-row level's effect does), each row's expansion follows its level's shift and its
+    residual is the interpolation's error alone; around θ̂ the same rows carry residuals
+    of order 1. A grid that does not follow the shift fails this."""
+    _, _, step = crossed
+    cv, cv0 = step.control_variate, around_hat.control_variate
+    np.testing.assert_allclose(cv0.reference.theta, cv.reference.theta)
+    theta = cv.reference.theta
+    sd = np.sqrt(np.diag(cv.laplace_covariance()))
+    z2 = next(e for e in step.likelihood.point_map.entries if e.name == "z2")
+    small = slice(z2.start + 10, z2.start + 34)  # the levels of 1-24 rows
+    rng = np.random.default_rng(seed)
+    x, x_prop = theta.copy(), theta.copy()
+    x[small] += 2.0 * sd[small] * rng.normal(size=24)
+    x_prop[small] += 2.0 * sd[small] * rng.normal(size=24)
+    squares = []
+    for estimator in (cv, cv0):
+        estimator.start_chain(np.random.default_rng(seed), 50)
+        data_free = estimator.open(x, x_prop, np.array(1.0), 0.0, 50)
+        values = estimator.full_pass()
+        estimator.close(1)
+        assert data_free + values.sum() == pytest.approx(_exact_delta(step, x, x_prop),
+                                                         abs=1e-8)
+        squares.append(np.sum(values ** 2))
+    assert squares[0] < 1e-4 < 1.0 < squares[1], squares
+
+
+def test_the_surrogate_includes_the_set(crossed):
     _, _, step = crossed
     cv = step.control_variate
     cv.start_chain(np.random.default_rng(3), 50)
@@ -142,7 +185,7 @@ def test_the_surrogate_includes_the_exact_set(crossed):
     cv.close(1)
     prior = lik.prior(x_prop) - lik.prior(x)
     # The data-free part is the surrogate's difference: a move the surrogate makes
-    # exactly is tested on the residuals of the rows outside the exact set only.
+    # exactly is tested on the residuals alone.
     post = step.surrogate_posterior()
     assert data_free == pytest.approx(post.log_density(x_prop) - post.log_density(x),
                                       abs=1e-8)
@@ -156,9 +199,9 @@ def test_the_surrogate_includes_the_exact_set(crossed):
     np.testing.assert_allclose(cv.proxy_gradient(x), numeric, rtol=1e-5, atol=1e-5)
 
 
-def test_the_exact_set_follows_a_new_reference_point(crossed):
-    """Re-centring moves θ̂: the exact set's q̂_i, g_i, H_i and ℓ_i(θ̂), kept between
-    calls, must move with it (stale ones break both identities)."""
+def test_the_set_follows_a_new_reference_point(crossed):
+    """Re-centring moves θ̂: the set's tables (built from q̂_i) and the sums of the other
+    rows must move with it (stale ones break both identities)."""
     _, _, step = crossed
     cv = step.control_variate
     cv.start_chain(np.random.default_rng(4), 50)
@@ -180,14 +223,14 @@ def test_the_exact_set_follows_a_new_reference_point(crossed):
         assert cv.reference is cv.initial_reference
 
 
-def test_without_small_levels_there_is_no_exact_set(monkeypatch):
+def test_without_small_levels_there_is_no_set(monkeypatch):
     # A level has some information (the logistic log-likelihood is strictly concave), so
     # none has less than 0 average rows.
-    monkeypatch.setattr(predictor_taylor, "EXACT_LEVEL_ROWS", 0)
+    monkeypatch.setattr(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0)
     model, _ = crossed_model()
     with model:
         step = MinibatchBarker(control_variate="taylor")
-    assert step.control_variate.exact_rows == 0
+    assert step.control_variate.set_rows == 0
     x, x_prop = _pair(step, 4)
     cv = step.control_variate
     cv.start_chain(np.random.default_rng(4), 50)
@@ -196,46 +239,17 @@ def test_without_small_levels_there_is_no_exact_set(monkeypatch):
                                                              abs=1e-8)
 
 
-def test_extra_evaluations_count_the_surrogates_reads_of_the_exact_set(crossed):
-    # The surrogate posterior contains the exact set's log-likelihood, so each of its
-    # evaluations (NUTS's leapfrog steps, a state's density) reads those rows, and the
-    # test reads them once more: extra_evaluations counts them all. The leapfrog steps
-    # run in the compiled tree (its leaf count); while tuning, PyMC's NUTS asks for π̃ at
-    # its start again, and after tuning the proposal runs NUTS's iteration itself; its end
-    # is one of its leapfrog steps: the proposal evaluates neither again in Python.
+def test_the_surrogate_reads_no_rows(crossed):
+    """The surrogate's levels come from tables: its NUTS reads no row, so a chain reads
+    only the test's minibatches (extra_evaluations 0, without re-centring or audit)."""
     model, _, step = crossed
-    assert step.proposal.name == "surrogate_nuts" and step.control_variate.exact_rows > 0
-    proposal, nuts = step.proposal, step.proposal.nuts
-    assert proposal.compiled_tree
-    evaluations, asked, leaves = [], [], []
-    integrator = nuts.integrator
-    evaluate, ask = proposal._evaluate, integrator._logp_dlogp_func
-    proposal._evaluate = lambda *a: evaluations.append(1) or evaluate(*a)
-    integrator._logp_dlogp_func = lambda *a: asked.append(1) or ask(*a)
-
-    def counted(*a):
-        out = type(proposal)._run_tree(proposal, *a)
-        leaves.append(out[6])
-        return out
-
-    proposal._run_tree = counted
-    try:
-        with model:
-            idata = pm.sample(step=step, tune=3, draws=3, chains=1, cores=1, random_seed=2,
-                              progressbar=False, compute_convergence_checks=False,
-                              discard_tuned_samples=False)
-    finally:
-        proposal._evaluate, integrator._logp_dlogp_func = evaluate, ask
-        del proposal._run_tree
-    tuning = 3 * step.steps_per_draw
-    transitions = 2 * tuning
-    extra = sum(int(group(idata, name)["extra_evaluations"].sum())
-                for name in ("warmup_sample_stats", "sample_stats"))
-    assert len(leaves) == transitions and min(leaves) >= 1
-    assert len(asked) == tuning  # each start while tuning: asked, answered from the state
-    assert len(evaluations) <= 1  # the chain's first state only
-    assert extra == step.control_variate.exact_rows * (
-        transitions + len(evaluations) + sum(leaves))
+    assert step.proposal.name == "surrogate_nuts" and step.control_variate.set_rows > 0
+    with model:
+        idata = pm.sample(step=step, tune=3, draws=3, chains=1, cores=1, random_seed=2,
+                          progressbar=False, compute_convergence_checks=False,
+                          discard_tuned_samples=False)
+    for name in ("warmup_sample_stats", "sample_stats"):
+        assert int(group(idata, name)["extra_evaluations"].sum()) == 0
 
 
 def test_the_surrogate_nuts_ratio_is_the_surrogates_difference(crossed):
