@@ -8,7 +8,7 @@ machine), so it is written to ``--cache`` and read from there on later runs.
 
 Prints, for the zero-config chain: set-up and sampling seconds, min bulk ESS, max R-hat,
 rows per transition (the test's and the others', ``extra_evaluations``: re-centrings),
-and over every scalar the largest |Δmean| in combined Monte Carlo standard errors and
+the rows of the levels expanded around their shift, and over every scalar the largest |Δmean| in combined Monte Carlo standard errors and
 the largest |sd ratio − 1| against the reference, and how many scalars are beyond 3 MCSE.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_crossed_reference.py --n 3e4
@@ -48,6 +48,7 @@ def run(model: pm.Model, seed: int, draws: int = 1000, tune: int = 1000,
         "set-up s": t1 - t0, "sampling s": t2 - t1,
         "test rows": float(stats["batch_size"].mean()) / per_draw,
         "extra rows": float(stats["extra_evaluations"].mean()) / per_draw,
+        "set rows": step.control_variate.set_rows,
     }
 
 
@@ -83,7 +84,8 @@ def main() -> None:
     print(f"N = {n:,}: set-up {info['set-up s']:.0f} s, sampling {info['sampling s']:.0f} s, "
           f"min bulk ESS {a['ess_bulk'].min():,.0f}, max R-hat {a['r_hat'].max():.3f}, rows "
           f"per transition {info['test rows'] + info['extra rows']:,.0f} (test "
-          f"{info['test rows']:,.0f}, others {info['extra rows']:,.0f})")
+          f"{info['test rows']:,.0f}, others {info['extra rows']:,.0f}); the set of levels "
+          f"expanded around their shift: {info['set rows']:,} rows")
     print(f"against the reference ({b['ess_bulk'].min():,.0f} min bulk ESS, max R-hat "
           f"{b['r_hat'].max():.3f}): max |Δmean|/MCSE {z.max():.2f} ({z.idxmax()}), max "
           f"|sd ratio − 1| {r.max():.3f} ({r.idxmax()}), {int((z > 3).sum())} of {z.size} "
