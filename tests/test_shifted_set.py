@@ -270,3 +270,40 @@ def test_the_surrogate_nuts_ratio_is_the_surrogates_difference(crossed):
             post.log_density(state.x) - post.log_density(new.x), abs=1e-8)
         state = new
     assert moved >= 3
+
+
+def test_random_slopes_of_small_levels_stay_exact():
+    """A level's term may scale its rows by a feature (``z[g] * x``, a random slope): the
+    shift then moves each row by its own feature times the level's shift. With random
+    intercepts and slopes of the same factor, a row belongs to the intercepts' level and
+    the slope's change is expanded like the other coefficients; the identity holds."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    small = np.repeat(np.arange(8, 20), np.arange(1, 13))
+    g = rng.permutation(np.concatenate([rng.integers(8, size=n - small.size), small]))
+    x = rng.normal(size=n)
+    eta = -0.2 + 0.6 * rng.normal(size=20)[g] + (0.5 + 0.4 * rng.normal(size=20)[g]) * x
+    y = (rng.random(n) < expit(eta)).astype(np.int64)
+    for slopes_only in (False, True):
+        with pm.Model():
+            mu = pm.Normal("mu", 0.0, 2.5)
+            b = pm.Normal("b", 0.0, 1.0)
+            s_b = pm.HalfNormal("s_b", 1.0)
+            z_b = pm.Normal("z_b", 0.0, 1.0, shape=20)
+            eta = mu + (b + s_b * z_b[g]) * x
+            if not slopes_only:
+                s_a = pm.HalfNormal("s_a", 1.0)
+                z_a = pm.Normal("z_a", 0.0, 1.0, shape=20)
+                eta = eta + s_a * z_a[g]
+            pm.Bernoulli("y", logit_p=eta, observed=y)
+            step = MinibatchBarker(control_variate="taylor", proposal="mala")
+        cv = step.control_variate
+        assert cv.name == "taylor_predictor" and cv.set_rows > 0
+        for seed in (0, 1):
+            cv.start_chain(np.random.default_rng(seed), 50)
+            x_cur, x_prop = _pair(step, seed)
+            data_free = cv.open(x_cur, x_prop, np.array(1.0), 0.0, 50)
+            values = cv.full_pass()
+            cv.close(1)
+            assert data_free + values.sum() == pytest.approx(
+                _exact_delta(step, x_cur, x_prop), abs=1e-8)
