@@ -307,3 +307,33 @@ def test_random_slopes_of_small_levels_stay_exact():
             cv.close(1)
             assert data_free + values.sum() == pytest.approx(
                 _exact_delta(step, x_cur, x_prop), abs=1e-8)
+
+
+def test_a_level_s_grid_stays_inside_the_quantity_s_support():
+    """``Bernoulli(p=a[g])``: the quantity is a probability, and a grid of the level's
+    spread either side of ``â_g`` leaves (0, 1), where ℓ is not finite. The grid is narrowed
+    until its tables are finite, and the estimator stays exact."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    small = np.repeat(np.arange(8, 20), np.arange(1, 13))
+    g = rng.permutation(np.concatenate([rng.integers(8, size=n - small.size), small]))
+    y = (rng.random(n) < rng.beta(2.0, 2.0, size=20)[g]).astype(np.int64)
+    with pm.Model():
+        a = pm.Beta("a", 2.0, 2.0, shape=20)
+        pm.Bernoulli("y", p=a[g], observed=y)
+        step = MinibatchBarker(control_variate="taylor", proposal="mala")
+    cv = step.control_variate
+    assert cv.name == "taylor_predictor" and cv.set_rows > 0
+    own = cv._tables.own.get_value()
+    spacing = cv._tables.spacing.get_value()
+    assert np.any(spacing < cv._spacing(own))  # narrowed
+    tables = (cv._tables.loglik.get_value(), cv._tables.gradient.get_value())
+    assert all(np.all(np.isfinite(t)) for t in tables)
+    for seed in (0, 1):
+        cv.start_chain(np.random.default_rng(seed), 50)
+        x_cur, x_prop = _pair(step, seed)
+        data_free = cv.open(x_cur, x_prop, np.array(1.0), 0.0, 50)
+        values = cv.full_pass()
+        cv.close(1)
+        assert data_free + values.sum() == pytest.approx(_exact_delta(step, x_cur, x_prop),
+                                                         abs=1e-8)

@@ -32,7 +32,9 @@ coefficients the level's rows touch), interpolated with the same weights, and th
 ``B̂ = Σ F_iᵀ Ĥ_i F_i``: the per-row proxies sum to the tables' value exactly, so the
 estimator stays unbiased whatever the grid (the grid only decides how small the
 residuals are). Outside the grid ``ū`` is the nearest end of it, and the rest of the
-shift is expanded to second order like the other coefficients.
+shift is expanded to second order like the other coefficients. A level whose grid leaves
+the quantity's support (a probability ``a[g]`` moved below 0) gets non-finite entries;
+the estimator halves its spacing until they are finite.
 
 :class:`ShiftTables` holds the tables (shared variables) and builds both graphs: the sum
 :meth:`~ShiftTables.total` and the interpolation of one row (:meth:`~ShiftTables.locate`,

@@ -130,6 +130,9 @@ _log = logging.getLogger("pymc_minibatch_mh")
 SHIFTED_LEVEL_ROWS: int = 50
 #: Largest share of N in the set (the least informed levels first).
 SHIFTED_ROWS_MAX_SHARE: float = 0.1
+#: A level's grid is halved at most this many times to keep it inside the quantity's
+#: support (see ``_build_tables``).
+_MAX_NARROWINGS: int = 30
 
 
 # -------------------------------------------------------------------- estimator
@@ -548,12 +551,23 @@ class PredictorTaylorEstimator(TaylorEstimator):
             return f
 
         members = [np.flatnonzero(slot == p_) for p_ in range(p)]
-        support, table_l, table_a = level_tables(members, own, design, at_nodes, k_coef)
-        if not (np.all(np.isfinite(table_l)) and np.all(np.isfinite(table_a))):
+        # A level whose grid leaves the quantity's support (a probability moved below 0)
+        # has non-finite entries: its grid is narrowed until every entry is finite (the
+        # chain's effects stay inside the support too).
+        for _ in range(_MAX_NARROWINGS):
+            support, table_l, table_a = level_tables(members, own, design, at_nodes, k_coef)
+            bad = ~(np.all(np.isfinite(table_l), axis=1)
+                    & np.all(np.isfinite(table_a), axis=(1, 2)))
+            if not bad.any():
+                break
+            spacing = np.where(bad, 0.5 * spacing, spacing)
+            shifts = ShiftTables.node_shifts(spacing)
+        else:
             raise ControlVariateError(
-                f"{self.step_name}: the log-likelihood of the rows of the levels with little "
-                "information is not finite over the range of their effects that the control "
-                "variates tabulate. Use control_variate='taylor_theta'.")
+                f"{self.step_name}: the log-likelihood of the rows of {int(bad.sum())} levels "
+                "with little information is not finite near their effects at the reference "
+                "point, so the control variates cannot tabulate it. Use "
+                "control_variate='taylor_theta'.")
         self._tables.set(own, spacing, support, table_l, table_a, b_set)
 
     def _spacing(self, own: NDArray[np.int64]) -> NDArray[np.float64]:
