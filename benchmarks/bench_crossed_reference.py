@@ -8,8 +8,9 @@ machine), so it is written to ``--cache`` and read from there on later runs.
 
 Prints, for the zero-config chain: set-up and sampling seconds, min bulk ESS, max R-hat,
 rows per transition (the test's and the others', ``extra_evaluations``: re-centrings),
-the rows of the levels expanded around their shift, and over every scalar the largest |Δmean| in combined Monte Carlo standard errors and
-the largest |sd ratio − 1| against the reference, and how many scalars are beyond 3 MCSE.
+the rows of the levels expanded around their shift, and over every scalar the largest
+|Δmean| in combined Monte Carlo standard errors and the largest |sd ratio − 1| against
+the reference, and how many scalars are beyond 3 MCSE.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_crossed_reference.py --n 3e4
 """

@@ -299,14 +299,7 @@ def test_random_slopes_of_small_levels_stay_exact():
             step = MinibatchBarker(control_variate="taylor", proposal="mala")
         cv = step.control_variate
         assert cv.name == "taylor_predictor" and cv.set_rows > 0
-        for seed in (0, 1):
-            cv.start_chain(np.random.default_rng(seed), 50)
-            x_cur, x_prop = _pair(step, seed)
-            data_free = cv.open(x_cur, x_prop, np.array(1.0), 0.0, 50)
-            values = cv.full_pass()
-            cv.close(1)
-            assert data_free + values.sum() == pytest.approx(
-                _exact_delta(step, x_cur, x_prop), abs=1e-8)
+        _assert_exact_at_two_pairs(step)
 
 
 def test_a_level_s_grid_stays_inside_the_quantity_s_support():
@@ -329,6 +322,12 @@ def test_a_level_s_grid_stays_inside_the_quantity_s_support():
     assert np.any(spacing < cv._spacing(own))  # narrowed
     tables = (cv._tables.loglik.get_value(), cv._tables.gradient.get_value())
     assert all(np.all(np.isfinite(t)) for t in tables)
+    _assert_exact_at_two_pairs(step)
+
+
+def _assert_exact_at_two_pairs(step):
+    """The data-free part plus all N values is the exact Δ at two pairs (θ, θ′)."""
+    cv = step.control_variate
     for seed in (0, 1):
         cv.start_chain(np.random.default_rng(seed), 50)
         x_cur, x_prop = _pair(step, seed)
