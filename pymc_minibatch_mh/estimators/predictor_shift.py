@@ -105,14 +105,11 @@ class ShiftTables:
         self.hessian_rows = pytensor.shared(np.zeros(0, dtype=np.int64), name="shift_B_rows")
         self.hessian_cols = pytensor.shared(np.zeros(0, dtype=np.int64), name="shift_B_cols")
         self.hessian = pytensor.shared(np.zeros(0), name="shift_B")
-        #: Levels with tables (P).
-        self.levels = 0
 
     def set(self, own: NDArray[np.int64], spacing: NDArray[np.float64],
             support: NDArray[np.int64], loglik: NDArray[np.float64],
             gradient: NDArray[np.float64], hessian: NDArray[np.float64]) -> None:
         """Load new tables (see :func:`level_tables`) and the set's ``B̂`` (K, K)."""
-        self.levels = int(own.size)
         rows, cols = np.nonzero(hessian)
         for var, value in ((self.own, own), (self.spacing, spacing), (self.support, support),
                            (self.loglik, loglik), (self.gradient, gradient),
