@@ -22,6 +22,7 @@ from pymc_minibatch_mh.core.batch_budget import (
     ErrorBudget,
     RowsChoice,
 )
+from pymc_minibatch_mh.core.buffered import BufferedGenerator
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD, CorrectionDistribution, get_correction
 from pymc_minibatch_mh.core.penalty import (
     DEFAULT_PENALTY_SIGMA,
@@ -38,6 +39,7 @@ __all__ = [
     "OVERRELAX_ACCEPT",
     "PENALTY_PROPOSALS",
     "PENALTY_SIGMAS",
+    "PILOT_SEED",
     "AcceptanceOption",
     "MinibatchBarker",
     "choose_test",
@@ -72,6 +74,10 @@ PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 #: (``MinibatchBarker._steps_options``).
 OVERRELAX_ACCEPT: float = 0.9
 
+#: The seed of the error budget's pilot moves (``MinibatchBarker._measure_pilot``): set-up
+#: randomness, the same for every chain.
+PILOT_SEED: int = 20170829
+
 
 class MinibatchBarker(MinibatchStep):
     r"""Random-walk Metropolis-Hastings with the minibatch Barker acceptance test.
@@ -90,8 +96,12 @@ class MinibatchBarker(MinibatchStep):
         Continuous variables to sample as one block (default: all free variables).
     batch_size : int or "auto", default "auto"
         Rows per round: the first minibatch's size and the growth increment (the paper's
-        m). ``"auto"``: during PyMC's tuning phase, the first 50 transitions and one in 64
-        after them use m = 100 and measure the test's error; the others, and at the end of
+        m). ``"auto"``: during PyMC's tuning phase, the first 50 transitions, and after
+        them one each time the others have read 6,400 rows (one in 64 where they read 100
+        rows each), use m = 100 and measure the test's error (with a Crank–Nicolson
+        proposal the first 50 are measured once, at the set-up, for every chain, from
+        draws of the Laplace fit: the guide's settings page; ``step.pilot_rows`` counts
+        the rows); the others, and at the end of
         tuning the sampled draws, use the smallest m whose predicted per-step error of the
         acceptance probability, from those measurements, is within ``error_tolerance``
         (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is at
@@ -102,7 +112,7 @@ class MinibatchBarker(MinibatchStep):
         transition per draw, chosen by predicted work per effective sample for a test
         that accepts at least 0.9 of perfect proposals, takes at most a tenth of N (at
         least 300). With control variates at large N m falls to a few rows. Without
-        tuning steps m stays 100.
+        tuning steps m is the pilot's choice, or 100 without a pilot.
         The ``rows_per_round`` stat says which m each draw used.
     error_tolerance : float, optional
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
@@ -309,11 +319,33 @@ class MinibatchBarker(MinibatchStep):
         # Whether the records call for a choice of m before the next transition's test.
         self._choice_due = False
         self._tuning_transitions = 0
+        # Rows the chain's tuning transitions read since its last measuring one.
+        self._rows_since_measured = 0
+        # The tuning transitions of a chain that measure before its first choice of m
+        # (fewer after a pilot: _measure_pilot).
+        self._measure_first = MEASURE_FIRST
+        #: Rows the error budget's pilots evaluated, all set-ups of this step together
+        #: (:meth:`_measure_pilot`; 0 without one). Not in any draw's stats.
+        self.pilot_rows = 0
+        self._pilot_key: tuple[Any, ...] | None = None
         super().__init__(
             vars, batch_size=AUTO_START_ROWS if self.auto_rows else batch_size, **kwargs
         )
         self._match_steps()
         self._update_kernel_settings()
+        self._measure_pilot()
+
+    @property
+    def pilot_records(self) -> int:
+        """The error budget's records from the set-up's pilot that every chain starts with.
+
+        :data:`~pymc_minibatch_mh.core.batch_budget.MEASURE_FIRST` (50) when the pilot ran
+        and none of its moves read all N rows; fewer: each chain measures as many of its
+        first tuning transitions as are missing; 0 without a pilot (a fixed
+        ``batch_size``, a proposal other than Crank–Nicolson, or variables of other steps
+        in the likelihood).
+        """
+        return 0 if self._budget is None else self._budget.pilot_records
 
     @property
     def tolerance(self) -> float | None:
@@ -409,13 +441,106 @@ class MinibatchBarker(MinibatchStep):
         if self._acceptance_setting == "auto":  # the last chain may have chosen another test
             self._set_acceptance(self.initial_acceptance)
         if self.auto_rows:  # each chain measures afresh, on the data it starts with
+            self._measure_pilot()  # the set-up's, unless the data or the test changed
             self.batch_size = self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
             self.tuning_rows = self.batch_size
-            self._budget.reset()
+            self._budget.reset()  # the pilot's records
+            self._measure_first = max(0, MEASURE_FIRST - self._budget.pilot_records)
             self._skew_floor = 0.0
-            self._tuning_transitions = 0
-            self._choice_due = False
+            self._tuning_transitions = self._rows_since_measured = 0
+            self._choice_due = self._measure_first == 0
         super()._start_chain_on_data(rng)
+
+    def _measure_pilot(self) -> None:
+        """The error budget's first records, measured once per set-up and shared by chains.
+
+        With ``batch_size="auto"`` and a Crank–Nicolson proposal (which moves around the
+        Laplace fit ``N(θ̂, Σ)`` of the control variates), :data:`MEASURE_FIRST` moves are
+        measured as a chain's first tuning transitions would measure them, but from
+        ``θ ~ N(θ̂, Σ)`` (the law the proposal's moves keep; a chain starts at θ̂) to
+        the proposal's move at the largest scale its tuner may reach with the most
+        negative ρ any of the step's tests may run with (at ``scaling`` without tuning):
+        the test at :data:`AUTO_START_ROWS` rows per round on the data-free part and the
+        minibatch of ``(θ, θ′)``. Every chain starts with these records
+        (:meth:`~pymc_minibatch_mh.core.batch_budget.ErrorBudget.keep_as_pilot`), so it
+        chooses m from its first transition and measures only as chains without a pilot do
+        after their first 50 (:data:`MEASURE_EVERY`); its own records then replace the
+        pilot's from the
+        oldest (``ErrorBudget.choose`` keeps the latest half, at least
+        :data:`MIN_RECORDS`). A pilot move that read all N rows records nothing, and the
+        chain measures as many of its first transitions as records are missing.
+
+        The moves come from a generator of fixed seed (:data:`PILOT_SEED`), not from a
+        chain's: the pilot is part of the set-up, deterministic like it, and a chain's
+        draws do not depend on which chain or process made it. It is made again when the
+        set-up (``follow_data``), the temperature or the test's over-relaxation changed
+        since the last; its rows are counted in :attr:`pilot_rows`. Without a pilot (other
+        proposals; variables of other steps in the likelihood, which the Laplace draw
+        would not move) each chain measures its first :data:`MEASURE_FIRST` transitions.
+        """
+        if not (self.auto_rows and self.uses_minibatches):
+            return
+        proposal = self.proposal
+        if not isinstance(proposal, CrankNicolsonProposal) or self.likelihood.other_shared:
+            if self._pilot_key is not None:
+                self._budget.clear()
+                self._pilot_key = None
+            return
+        # The moves: at the largest scale the tuner may reach with the most negative ρ any
+        # of the step's tests may run with (the over-relaxed moves of a chain that chooses
+        # such a test; for the others the choice keeps the records' spreads, an upper
+        # bound: ErrorBudget.choose).
+        most = min(min(self._rhos_for(c)) for c in (*self._penalty_corrections,
+                                                     self._barker_correction) if c is not None)
+        key = (proposal, self.control_variate.reference, self._temperature,
+               most if self._tune_enabled else self.scaling, self._n_rows)
+        if self._pilot_key is not None and all(
+                a is b or a == b for a, b in zip(key, self._pilot_key, strict=True)):
+            return
+        if self._tune_enabled:
+            kept = proposal.min_rho  # the current test's (_match_steps): put back below
+            proposal.min_rho = min(kept, most)
+            try:
+                self._run_pilot(proposal.max_scale)
+            finally:
+                proposal.min_rho = kept
+        else:
+            self._run_pilot(self.scaling)
+        self._pilot_key = key
+
+    def _run_pilot(self, scale: float) -> None:
+        """The pilot's moves at ``scale`` (see :meth:`_measure_pilot`)."""
+        proposal, estimator = self.proposal, self.estimator
+        budget = self._budget
+        budget.clear()
+        self._measure_rows = min(AUTO_START_ROWS, self._n_rows)
+        self._update_kernel_settings()
+        test = self._measure_test
+        rng = BufferedGenerator(np.random.default_rng(PILOT_SEED))
+        estimator.start_chain(rng, self._measure_rows)
+        rho = 0.0 if self._overrelaxed_rho is None else proposal.rho(scale)
+        for _ in range(MEASURE_FIRST):
+            state = proposal.init(self._pilot_point(rng))
+            new_state, info = proposal.propose(rng, state, scale)
+            data_free = estimator.open(state.x, new_state.x, self._inv_temperature,
+                                       info.log_q_ratio, estimator.policy.rows)
+            outcome = test(rng, estimator, data_free)
+            estimator.close(outcome.rounds)
+            self.pilot_rows += estimator.evaluated
+            budget.record(outcome.batch_size, estimator.n_total, outcome.variance,
+                          outcome.edgeworth, outcome.delta_star, outcome.kurtosis, rho)
+        budget.keep_as_pilot()
+
+    def _pilot_point(self, rng: Any) -> np.ndarray:
+        """A pilot move's θ: a draw of the Laplace fit ``N(θ̂, Σ)``.
+
+        The law the Crank–Nicolson moves keep, and near a chain's. Not θ̂ itself: the
+        residuals grow away from θ̂, and moves from θ̂ measured about a third of a chain's
+        spread (at a tight budget Barker's test then chose 151 rows per round where it
+        needs about 220).
+        """
+        laplace = self.proposal.surrogate
+        return laplace.theta_hat + laplace.chol @ rng.standard_normal(laplace.dim)
 
     def stop_tuning(self) -> None:
         """End tuning; with ``batch_size="auto"`` the chain's m is chosen here."""
@@ -591,20 +716,26 @@ class MinibatchBarker(MinibatchStep):
         if not (self.auto_rows and self._tuning):
             self._rows_used = self._test.batch_size
             return self._test(self.rng, estimator, data_free)
-        # Tuning with batch_size="auto": the measuring transitions (the first MEASURE_FIRST,
-        # then one in MEASURE_EVERY) use the first m and are recorded; the others use the
-        # cheapest m for the records so far (chosen with m every RECHOOSE_EVERY
-        # transitions): their draws are not kept, so the error budget does not size them.
+        # Tuning with batch_size="auto": the measuring transitions (the first
+        # _measure_first, then one each time the others have read MEASURE_EVERY times the
+        # measuring rows) use the first m and are recorded; the others use the cheapest m
+        # for the records so far (chosen with m every RECHOOSE_EVERY transitions): their
+        # draws are not kept, so the error budget does not size them.
         count = self._tuning_transitions = self._tuning_transitions + 1
-        measuring = count <= MEASURE_FIRST or count % MEASURE_EVERY == 0
+        measuring = (count <= self._measure_first
+                     or self._rows_since_measured >= MEASURE_EVERY * self._measure_rows)
         test = self._measure_test if measuring else self._tuning_test
         self._rows_used = test.batch_size
         outcome = test(self.rng, estimator, data_free)
         if measuring:
+            self._rows_since_measured = 0
             self._budget.record(outcome.batch_size, estimator.n_total, outcome.variance,
                                 outcome.edgeworth, outcome.delta_star, outcome.kurtosis,
                                 self._move_rho())
-        if count == MEASURE_FIRST or (count > MEASURE_FIRST and count % RECHOOSE_EVERY == 0):
+        else:
+            self._rows_since_measured += outcome.batch_size
+        if count == self._measure_first or (
+                count > MEASURE_FIRST and count % RECHOOSE_EVERY == 0):
             self._choice_due = True
         return outcome
 
