@@ -155,15 +155,18 @@ def test_the_sampled_draws_keep_their_error_within_the_default_budget():
     # The penalty test at σ = 0.5 (zero-config's chooses its σ as well: the next test).
     step, stats, warmup = _run(_logistic_model(), discard_tuned_samples=False,
                                acceptance="penalty")
-    # Tuning: the measuring transitions use 100 rows per round, the others the cheapest m
-    # for the records so far, whatever the error: here fewer than the draws' m (a draw's
-    # stat is its last transition's).
+    # Tuning: the measuring transitions use 100 rows per round (the pilot's, and one each
+    # time the others read 6,400 rows: none in this short tuning), the others the cheapest
+    # m for the records so far, whatever the error: here fewer than the draws' m (a
+    # draw's stat is its last transition's).
     tuning_rows = set(np.asarray(warmup["rows_per_round"]).ravel().tolist())
-    assert tuning_rows == {AUTO_START_ROWS, step.tuning_rows}
-    assert step.tuning_rows < step.rows_choice.rows
+    assert step.tuning_rows in tuning_rows
+    assert max(tuning_rows - {AUTO_START_ROWS}) < step.rows_choice.rows
     rows = np.asarray(stats["rows_per_round"]).ravel()
-    # Control variates make the residuals small: far fewer rows than the start's 100.
-    assert step.rows_choice is not None and step.rows_choice.rows < 30
+    # Control variates make the residuals small: far fewer rows than the start's 100
+    # (the pilot measures the proposal's largest moves; the chain's own first records,
+    # before the pilot, gave fewer than 30).
+    assert step.rows_choice is not None and step.rows_choice.rows < 50
     assert np.all(rows == step.rows_choice.rows)  # the stat is the m the test used
     # Each of a draw's transitions reads at least m rows.
     assert np.all(np.asarray(stats["batch_size"]) >= step.steps_per_draw * step.rows_choice.rows)
@@ -220,15 +223,14 @@ def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
     assert not _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
 
 
-@pytest.mark.parametrize("acceptance", [
-    "barker",
-    pytest.param("penalty", marks=pytest.mark.xfail(strict=True, reason=(
-        "known miss: at a budget this tight (about 900 rows per round) the penalty "
-        "test's mean error estimate is 2.2 times the budget; the prediction measures "
-        "skewness and kurtosis on 100-row tuning minibatches, which understate them for "
-        "heavy-tailed residuals (Barker's test: 1.9 times, within 3 standard errors)"))),
-])
+@pytest.mark.parametrize("acceptance", ["barker", "penalty"])
 def test_an_explicit_tight_budget_takes_more_than_the_default_cap(acceptance):
+    """At a budget this tight the prediction is least sure (it measures skewness and
+    kurtosis on 100-row minibatches, which understate them for heavy-tailed residuals).
+    With the error budget's pilot: Barker's test 0.48 times the budget at 224 rows per
+    round, the penalty test 0.95 times at 1,608. Before the pilot (the chain's own first
+    50 records) the penalty test's was 1.7 times (an expected failure here), Barker's 0.59
+    at 231."""
     budget = 2e-6
     step, stats = _run(_logistic_model(), error_tolerance=budget, acceptance=acceptance)
     assert step.error_tolerance == budget
@@ -258,14 +260,99 @@ def test_bad_settings_are_refused(kwargs, match):
 
 
 def test_too_few_tuning_transitions_warn_and_keep_the_start():
+    # Without a pilot (the random walk): the chain's own first 50 transitions measure.
     model = _logistic_model(n=2_000)
-    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round: only 30"):
-        step, stats = _run(model, draws=10, tune=10)  # 3 transitions per tuning draw
+    walk = dict(proposal="random_walk", S="laplace")
+    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round: only 10"):
+        step, stats = _run(model, draws=10, tune=10, **walk)
+    assert step.pilot_records == 0
     assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no tuning at all: no warning
-        step, stats = _run(model, draws=10, tune=0)
+        step, stats = _run(model, draws=10, tune=0, **walk)
     assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
+
+
+def _pilot_runs(model, **kwargs):
+    """Two chains in one process, tuning stats kept."""
+    return _run(model, chains=2, discard_tuned_samples=False, **kwargs)
+
+
+def test_the_pilot_measures_once_for_every_chain_and_they_choose_from_their_start():
+    """Crank–Nicolson: the set-up measures 50 moves from Laplace draws (the pilot), every
+    chain starts with those records, chooses m at its first transition and measures a
+    tuning transition itself (at 100 rows per round) once the others have read 6,400
+    rows; with tune=0 the sampled draws use the pilot's choice."""
+    model = _logistic_model()
+    with model:
+        fresh = MinibatchBarker(control_variate="taylor")
+    assert fresh.pilot_records == len(fresh._budget) == barker.MEASURE_FIRST
+    assert 0 < fresh.pilot_rows <= barker.MEASURE_FIRST * 2 * AUTO_START_ROWS
+    step, stats, warmup = _pilot_runs(model, tune=400, draws=20)
+    assert step.pilot_rows == fresh.pilot_rows  # measured once, at the set-up
+    rows = np.asarray(warmup["rows_per_round"])  # (chain, draw)
+    read = np.asarray(warmup["batch_size"])
+    assert step.steps_per_draw == 1  # from the first draw's first transition on
+    assert rows[0, 0] < AUTO_START_ROWS  # chosen at once: the first draw did not measure
+    # Each measuring draw (one transition, after the first draw's 3) comes once the
+    # others since the last have read 6,400 rows.
+    for chain in (0, 1):
+        measured = np.flatnonzero(rows[chain] == AUTO_START_ROWS)
+        assert measured.size >= 2
+        for start, stop in zip(np.r_[0, measured[:-1] + 1], measured, strict=True):
+            between = read[chain, start:stop]
+            assert between.sum() >= 6_400 > between.sum() - between[-1]
+    # The last chain's records and the pilot's; the choice keeps the latest half, at
+    # least 50.
+    assert len(step._budget) == barker.MEASURE_FIRST + measured.size
+    assert step.rows_choice.records == MIN_RECORDS
+    # No tuning: the pilot's choice, not the start's 100.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        step, stats = _run(model, draws=10, tune=0)
+    assert np.all(np.asarray(stats["rows_per_round"]) == step.rows_choice.rows)
+    assert step.rows_choice.rows != AUTO_START_ROWS and step.rows_choice.within_budget
+
+
+def test_a_pilot_whose_moves_read_every_row_leaves_the_measuring_to_the_chain():
+    """At N = 60 the pilot's tests read all N rows, which records nothing: the chains
+    measure their first 50 transitions themselves, as without a pilot."""
+    model = _logistic_model(n=60)
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+    assert step.proposal.name == "crank_nicolson" and step.pilot_rows > 0
+    assert step.pilot_records == 0
+    step, stats, warmup = _pilot_runs(model, draws=10, tune=10)
+    assert step._measure_first == barker.MEASURE_FIRST
+    assert np.all(np.asarray(warmup["rows_per_round"]) == 60)
+
+
+def _tight_barker_estimates(seeds=(1, 2, 3)):
+    """Barker's test at an explicit budget of 2e-6, short chains: the draws' error
+    estimates of each seed, pooled."""
+    model, estimates = _logistic_model(), []
+    for seed in seeds:
+        with model:
+            step = MinibatchBarker(control_variate="taylor", acceptance="barker",
+                                   error_tolerance=2e-6)
+            idata = pm.sample(draws=300, tune=300, step=step, chains=1, cores=1,
+                              **sample_kwargs(random_seed=seed))
+        estimates.append(np.asarray(sample_stats(idata)["error_estimate"]).ravel())
+    return step, {"error_estimate": np.concatenate(estimates)}
+
+
+def test_the_pilots_moves_start_from_draws_of_the_laplace_fit(monkeypatch):
+    """The pilot's moves start from draws of the Laplace fit, where the chain's start
+    from the posterior: over three seeds at a tight budget the draws' mean error estimate
+    is within it (about 0.65 times). From θ̂ alone the residuals look smaller, m falls
+    (151 rows per round against 224) and the same check fails (about 1.5 times)."""
+    step, stats = _tight_barker_estimates()
+    assert _mean_estimate_within(stats, 2e-6)
+    monkeypatch.setattr(MinibatchBarker, "_pilot_point",
+                        lambda self, rng: self.proposal.surrogate.theta_hat.copy())
+    broken, broken_stats = _tight_barker_estimates()
+    assert broken.rows_choice.rows < step.rows_choice.rows
+    assert not _mean_estimate_within(broken_stats, 2e-6)
 
 
 def test_a_default_budget_that_100_rows_miss_warns_with_the_rows_it_would_take(monkeypatch):

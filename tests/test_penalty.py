@@ -257,14 +257,18 @@ def test_choose_test():
     assert fallback.acceptance == "barker" and fallback.steps == 3
 
 
-def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch):
+@pytest.mark.parametrize("pilot", [False, True])
+def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch, pilot):
     """A chain whose penalty test is over the budget runs Barker's test from its first
-    choice of m on (after 50 tuning transitions) when Barker's predicted error is smaller
-    (here forced: the choice is the code under test), with Barker's default tuning target;
-    the next chain starts again with the penalty test; the stat says which test each draw
-    used."""
+    choice of m on (after 50 tuning transitions without the error budget's pilot, at its
+    first transition with it) when Barker's predicted error is smaller (here forced: the
+    choice is the code under test), with Barker's default tuning target; the next chain
+    starts again with the penalty test; the stat says which test each draw used."""
     from pymc_minibatch_mh.core import batch_budget
     from pymc_minibatch_mh.core.penalty import BARKER
+
+    if not pilot:
+        monkeypatch.setattr(MinibatchBarker, "_measure_pilot", lambda self: None)
 
     choose = batch_budget.ErrorBudget.choose
 
@@ -289,8 +293,11 @@ def test_auto_leaves_the_penalty_test_when_barkers_error_is_smaller(monkeypatch)
     draws = np.asarray(sample_stats(idata)["penalty_test"])
     # Each chain starts with the penalty test (3 transitions per draw: the 50th transition
     # is the second of draw 16, and the choice is made before the third's test, which a
-    # draw's stat reports) and leaves it at its first choice.
-    assert warm[:, :16].all() and not warm[:, 16:].any() and not draws.any()
+    # draw's stat reports) and leaves it at its first choice; with the pilot's records
+    # that is before the first transition's test.
+    last_penalty = 0 if pilot else 16
+    assert warm[:, :last_penalty].all() and not warm[:, last_penalty:].any()
+    assert not draws.any()
     assert step.acceptance == "barker" and step.steps_per_draw == 3
     assert isinstance(step.correction, CorrectionDistribution)
     assert step.rows_choice.predicted_error == 0.1
@@ -311,7 +318,8 @@ def test_auto_chooses_the_penalty_tests_sigma_and_says_which():
     warm = np.asarray(idata.warmup_sample_stats["test_sigma"]).ravel()
     stats = sample_stats(idata)
     sigmas = np.asarray(stats["test_sigma"]).ravel()
-    assert warm[0] == PENALTY_SIGMAS[0] and set(warm.tolist()) <= set(PENALTY_SIGMAS)
+    # The first choice, from the error budget's pilot, is made at the first transition.
+    assert set(warm.tolist()) <= set(PENALTY_SIGMAS) and warm[0] == step.sigma
     assert step.acceptance == "penalty" and np.all(sigmas == step.sigma)
     assert step.sigma < PENALTY_SIGMAS[0] and step.steps_per_draw == 1
     assert float(np.mean(stats["accepted"])) > 0.85

@@ -77,6 +77,8 @@ def repeated_lines(caplog):
 #: covariance), a user's reference point (its pass repeated) and re-centring.
 SETTINGS = {
     "taylor": dict(control_variate="taylor"),
+    # m sized by the error budget: its pilot measured again on the new data.
+    "taylor_auto_rows": dict(control_variate="taylor", batch_size="auto"),
     "theta_laplace_walk": dict(control_variate="taylor_theta", proposal="random_walk",
                                S="laplace", scaling=0.8),
     "reference_mala_recenter": dict(control_variate="taylor", proposal="mala",
@@ -91,10 +93,10 @@ def test_followed_step_draws_equal_a_fresh_step(name, caplog):
     change repeated the set-up once."""
     old = normal_data(N_OLD, 1, 0.0, 1.0)
     model = normal_model(old)
-    settings = dict(batch_size=50, **SETTINGS[name])
+    settings = {"batch_size": 50, **SETTINGS[name]}
     with model:
         step = MinibatchBarker(**settings)
-    passes = step.setup_passes
+    passes, pilot_rows = step.setup_passes, getattr(step, "pilot_rows", 0)
     draws_of(model, step, draws=50)  # a run on the old data: its states and caches
     for changes, (size, new_n) in enumerate(SIZES.items(), start=1):
         new = normal_data(new_n, 1 + changes, 1.5, 2.0)
@@ -115,18 +117,24 @@ def test_followed_step_draws_equal_a_fresh_step(name, caplog):
                                       fresh.control_variate.reference.theta)
         passes += fresh.setup_passes
         assert step.setup_passes == pytest.approx(passes)
+        if settings["batch_size"] == "auto":  # the pilot measured on the new data
+            pilot_rows += fresh.pilot_rows
+            assert step.pilot_rows == pilot_rows and fresh.pilot_rows > 0
         assert step._n_rows == new_n == step.likelihood.store.n_rows
 
 
-def test_set_up_once_per_change_shared_by_chains_and_processes(caplog):
+@pytest.mark.parametrize("batch_size", [50, "auto"])
+def test_set_up_once_per_change_shared_by_chains_and_processes(caplog, batch_size):
     """Two chains, in one process and in two: one repeated set-up, made in this process
-    before the workers start; the same draws; nothing repeated while the data stay."""
+    before the workers start; the same draws; nothing repeated while the data stay.
+    With ``batch_size="auto"`` the error budget's pilot, measured again on the new data
+    (in each worker with cores=2), is deterministic: the draws agree."""
     old, new = normal_data(N_OLD, 3, 0.0, 1.0), normal_data(900, 4, -2.0, 1.5)
     runs = {}
     for cores in (1, 2):
         model = normal_model(old)
         with model:
-            step = MinibatchBarker(batch_size=50, control_variate="taylor")
+            step = MinibatchBarker(batch_size=batch_size, control_variate="taylor")
             pm.set_data({"y_obs": new})
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="pymc_minibatch_mh"):
