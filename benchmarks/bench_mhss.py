@@ -33,7 +33,8 @@ Rows (a row is one observation's log-likelihood evaluated at the current and the
 point, as this package's ``batch_size`` stat counts them):
 
 - this package: ``batch_size`` + ``extra_evaluations`` over all iterations (tuning
-  included); set-up rows = ``step.control_variate.setup_evaluations``
+  included); set-up rows = ``step.control_variate.setup_evaluations`` plus the error
+  budget's pilot (``step.pilot_rows``)
   (``bench_tall_glm.run_package``).
 - MH-SS: pymhss's per-row log-likelihood ``logistic_log_target_i`` is wrapped to count
   the rows it is called on. In the sampling loop it is called twice per iteration that

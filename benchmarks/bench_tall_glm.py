@@ -45,7 +45,8 @@ largest |sd ratio − 1|. What counts as set-up and as rows:
 - this package: set-up = building the step (MAP search, passes at θ̂, compilation) and
   one warm-up call of its compiled per-step function; rows = ``batch_size`` +
   ``extra_evaluations`` stats over all iterations (tuning included), set-up rows =
-  ``step.control_variate.setup_evaluations``.
+  ``step.control_variate.setup_evaluations`` plus the error budget's pilot
+  (``step.pilot_rows``).
 
 Targets (issue "Tall GLM benchmark", same run, set-up included on both sides): logistic
 N = 10⁶, d = 50: min ESS/s ≥ 100 × nutpie's; N = 10⁵, d = 50: ≥ 20 ×; N = 10⁶, d = 100:
@@ -385,7 +386,8 @@ def run_package(cfg, model, args) -> Result:
     per_draw = int(getattr(step, "steps_per_draw", 1))
     mean_batch = float(np.asarray(sample_stats(idata)["batch_size"]).mean()) / per_draw
     return Result("package", {k: np.asarray(post[k]) for k in free_names(cfg)}, setup,
-                  sampling, rows, float(cv.setup_evaluations),
+                  sampling, rows,
+                  float(cv.setup_evaluations + getattr(step, "pilot_rows", 0)),
                   note=f"{'zero-config' if zero else 'fallback'}; {draws}+{tune} per chain; "
                        f"{per_draw} transition(s) per draw; mean batch {mean_batch:.0f} rows "
                        "per transition")
