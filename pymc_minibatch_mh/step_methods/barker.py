@@ -325,7 +325,8 @@ class MinibatchBarker(MinibatchStep):
         # (fewer after a pilot: _measure_pilot).
         self._measure_first = MEASURE_FIRST
         #: Rows the error budget's pilots evaluated, all set-ups of this step together
-        #: (:meth:`_measure_pilot`; 0 without one). Not in any draw's stats.
+        #: (the set-up's pilot, see the guide's settings page; 0 without one). Not in any
+        #: draw's stats.
         self.pilot_rows = 0
         self._pilot_key: tuple[Any, ...] | None = None
         super().__init__(
