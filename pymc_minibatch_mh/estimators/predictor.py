@@ -48,9 +48,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Add, Exp, TrueDiv
 from pytensor.scalar.math import Sigmoid, Softplus
@@ -66,6 +67,7 @@ from pymc_minibatch_mh.estimators.predictor_walk import (
     _row_twin,
     _strip,
     _Walker,
+    row_batch,
 )
 from pymc_minibatch_mh.model.graph import clone_replace, shape_constant_replacements
 
@@ -168,12 +170,32 @@ class Predictors:
         for var in inputs:
             twin = _row_twin(var, row_vars, n)
             if twin is not None:
-                repl[var] = batches[twin]
+                repl[var] = row_batch(var, twin, batches[twin])
+            elif _is_row_constant(var, n):
+                repl[var] = _first_row(var)
         repl.update(shape_constant_replacements(
             [var for var in inputs if var not in repl], n, n_batch))
         repl.update(value_repl)
         result = clone_replace(outs, repl, rows=(n, n_batch))
         return result[0] if single else result
+
+
+def _is_row_constant(var: Variable, n: int) -> bool:
+    """Whether ``var`` is a constant with one entry per row, the same in every row.
+
+    bambi multiplies a group effect by a column of its design matrix, a column of ones for
+    ``(1|g)``; the column is a constant of the graph, not data of the row store.
+    """
+    if not (isinstance(var, Constant) and var.ndim >= 1 and var.type.shape[0] == n):
+        return False
+    data = np.asarray(var.data)
+    return bool(n > 0 and np.all(data == data[:1]))
+
+
+def _first_row(var: Constant) -> Variable:
+    """The first row of a constant that is the same in every row, broadcastable in rows."""
+    data = np.asarray(var.data)[:1]
+    return pt.as_tensor(data, dtype=var.dtype)
 
 
 def _peel(param: Variable) -> tuple[str | None, Variable]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pytensor.compile.ops import ViewOp
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, io_toposort
 from pytensor.scalar.basic import Add, Exp, Identity, Log, Mul, Neg, Sub, TrueDiv
@@ -26,7 +27,7 @@ from pytensor.tensor.shape import SpecifyShape
 
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS
 
-__all__ = ["DecompositionError", "Term"]
+__all__ = ["DecompositionError", "Term", "row_batch"]
 
 
 class DecompositionError(ValueError):
@@ -70,10 +71,14 @@ def _is_elemwise(var: Variable, op_class: type) -> bool:
 
 
 def _strip(var: Variable) -> Variable:
-    """Remove wrappers that change nothing per row: casts, SpecifyShape, broadcasting."""
+    """Remove wrappers that change nothing per row: casts, SpecifyShape, views, broadcasting.
+
+    A view is what ``pm.Deterministic`` puts around its expression (bambi's group effects
+    ``Deterministic(offset * sigma)`` and its ``mu``).
+    """
     while var.owner is not None:
         op = var.owner.op
-        if isinstance(op, SpecifyShape):
+        if isinstance(op, SpecifyShape | ViewOp):
             var = var.owner.inputs[0]
         elif isinstance(op, Elemwise) and isinstance(op.scalar_op, ScalarCast):
             var = var.owner.inputs[0]
@@ -95,18 +100,29 @@ def _row_twin(var: Variable, row_vars: Sequence[Variable], n: int) -> Variable |
 
     PyTensor may merge equal constants in the log-probability graph that the row store
     was built from, so a model graph can hold a constant (a covariate written twice as
-    NumPy) that is not one of the row store's variables but equals one.
+    NumPy) that is not one of the row store's variables but equals one. A one-column
+    matrix equal to a row vector counts too (bambi's design matrix of one covariate,
+    which the log-probability's rewrites turn into the vector): :func:`row_batch` gives
+    its batch the column's shape.
     """
     if var in row_vars:
         return var
     if not (isinstance(var, Constant) and var.ndim >= 1 and var.type.shape[0] == n):
         return None
+    column = var.ndim == 2 and var.type.shape[1] == 1
     for row in row_vars:
-        if isinstance(row, Constant) and row.type == var.type and np.array_equal(
-            row.data, var.data
-        ):
+        if not isinstance(row, Constant) or row.dtype != var.dtype:
+            continue
+        if row.type == var.type and np.array_equal(row.data, var.data):
+            return row
+        if column and row.ndim == 1 and np.array_equal(row.data, var.data[:, 0]):
             return row
     return None
+
+
+def row_batch(var: Variable, twin: Variable, batch: Variable) -> Variable:
+    """The batch of ``twin`` (a row variable) in the shape of ``var``, which stands for it."""
+    return batch[:, None] if var.ndim == twin.ndim + 1 else batch
 
 
 class _Walker:
@@ -203,7 +219,7 @@ class _Walker:
             return Linear([Term("dense", var)], None)
         node = var.owner
         op = node.op
-        if isinstance(op, SpecifyShape):
+        if isinstance(op, SpecifyShape | ViewOp):
             return self.decompose(node.inputs[0])
         if isinstance(op, Elemwise):
             return self._elemwise(var)
