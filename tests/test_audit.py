@@ -100,7 +100,7 @@ def test_barker_error_estimate_stat_is_the_formula_on_the_steps_own_stats(normal
     model = _normal_model(y)
     with model:
         step = MinibatchBarker(batch_size=50, S=[0.05], tune=False, temperature=3.0,
-                               early_decision=1.5)
+                               early_decision=1.5, control_variate=None)
     ss = sample_stats(_sample(model, step, draws=300))
     n = ss["batch_size"].values.ravel()
     skew = ss["edgeworth"].values.ravel() * 6.0 * np.sqrt(n) / EDGEWORTH_SUP
@@ -166,7 +166,8 @@ def test_audit_is_reproducible_with_a_seed(normal_data):
     results = []
     for _ in range(2):
         with model:
-            step = MinibatchBarker(batch_size=50, S=[0.05], tune=False, audit_every=2)
+            step = MinibatchBarker(batch_size=50, S=[0.05], tune=False, audit_every=2,
+                                   control_variate=None)
         results.append(sample_stats(_sample(model, step, draws=100, seed=7)))
     for name in AUDIT_STATS:
         np.testing.assert_array_equal(results[0][name].values, results[1][name].values)
@@ -203,8 +204,9 @@ def test_exact_mh_refuses_an_audit(normal_data):
 def test_summary_refuses_a_trace_without_audits(normal_data):
     model = _normal_model(normal_data[:500])
     with model:
-        step = MinibatchBarker(batch_size=50, S=[0.05], tune=False)
-        rare = MinibatchBarker(batch_size=50, S=[0.05], tune=False, audit_every=1000)
+        step = MinibatchBarker(batch_size=50, S=[0.05], tune=False, control_variate=None)
+        rare = MinibatchBarker(batch_size=50, S=[0.05], tune=False, audit_every=1000,
+                               control_variate=None)
     idata = _sample(model, step, draws=20)
     with pytest.raises(ValueError, match="no audit stats .* audit_every=k"):
         audit_summary(idata)  # without audit_every the audit's stats are not recorded
@@ -247,7 +249,8 @@ def test_estimate_is_not_optimistic_on_a_skewed_model():
     # sd(y)/√b), so that the growth rule runs often and the bias is large enough to resolve.
     step_sd = 1.6 * math.sqrt(b) / (n * y.std())
     with model:
-        step = MinibatchBarker(batch_size=b, S=[step_sd], tune=False, audit_every=1)
+        step = MinibatchBarker(batch_size=b, S=[step_sd], tune=False, audit_every=1,
+                               control_variate=None)
         idata = pm.sample(draws=6000, tune=0, step=step, chains=1, cores=1,
                           initvals={"lam": 1.0 / y.mean()}, **sample_kwargs(random_seed=5))
     row = audit_summary(idata).loc["all"]

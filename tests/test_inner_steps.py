@@ -42,8 +42,9 @@ def test_auto_and_refusals():
                                sigma=0.25).steps_per_draw == 1
         assert MinibatchBarker(control_variate="taylor", acceptance="penalty", sigma=0.25,
                                steps_per_draw=3).steps_per_draw == 3
-        assert MinibatchBarker(batch_size=50).steps_per_draw == 1
-        assert MinibatchBarker(batch_size=50, steps_per_draw=4).steps_per_draw == 4
+        assert MinibatchBarker(batch_size=50, control_variate=None).steps_per_draw == 1
+        assert MinibatchBarker(batch_size=50, control_variate=None,
+                               steps_per_draw=4).steps_per_draw == 4
         for bad in (0, -1, 2.0, True, "many", None):
             with pytest.raises(ValueError, match="steps_per_draw must be a positive integer"):
                 MinibatchBarker(batch_size=50, steps_per_draw=bad)

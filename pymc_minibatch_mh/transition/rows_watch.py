@@ -62,8 +62,8 @@ def grinding_message(step_name: str, mean_rows: float, n_rows: int, window: int,
         "model with NUTS (pm.sample() without step=)."
         if control_variate else
         "At temperature 1 with proposals as wide as the posterior the test needs most of "
-        "the data: use control_variate='taylor', smaller steps (scaling, S), or NUTS "
-        "(pm.sample() without step=)."
+        "the data: use control_variate='auto' (the default), smaller steps (scaling, S), "
+        "or NUTS (pm.sample() without step=)."
     )
     phase = "tuning" if tuning else "sampling"
     return (

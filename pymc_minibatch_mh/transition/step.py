@@ -60,7 +60,7 @@ from pymc_minibatch_mh.model.checks import (
 )
 from pymc_minibatch_mh.model.compat import ChainSetupMixin, call_cost_rows
 from pymc_minibatch_mh.model.graph import frozen_heap
-from pymc_minibatch_mh.model.internals import PyMCStepHooks
+from pymc_minibatch_mh.model.internals import PyMCStepHooks, raise_wrapped_interrupt
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note, setup_progress
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalState
@@ -73,6 +73,7 @@ from pymc_minibatch_mh.proposals.surrogate import (
 from pymc_minibatch_mh.proposals.tuning import ScalingTuner
 from pymc_minibatch_mh.transition.audit import AUDIT_STATS, Audit, check_audit_every
 from pymc_minibatch_mh.transition.inner_steps import merge_stats, resolve_steps_per_draw
+from pymc_minibatch_mh.transition.mixing_watch import MixingWatch, mixing_message
 from pymc_minibatch_mh.transition.progress_bar import (
     progressbar_config,
     progressbar_update_functions,
@@ -404,10 +405,19 @@ class MinibatchStepBase(ChainSetupMixin, PyMCStepHooks, BlockedStep):
 
     # --------------------------------------------------------------------- step
     def step(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One draw: the subclass's transitions, their stats merged."""
-        if not self._chain_started:
-            point = self._begin_chain(point)
-        point, transitions = self._transitions(point)
+        """One draw: the subclass's transitions, their stats merged.
+
+        A Ctrl-C that a jitted function reports as a ``SystemError`` is raised as the
+        ``KeyboardInterrupt`` it is, so that PyMC keeps the draws made so far
+        (:func:`~pymc_minibatch_mh.model.internals.raise_wrapped_interrupt`).
+        """
+        try:
+            if not self._chain_started:
+                point = self._begin_chain(point)
+            point, transitions = self._transitions(point)
+        except SystemError as err:
+            raise_wrapped_interrupt(err)
+            raise
         return point, [self._draw_stats(transitions)]
 
     @abstractmethod
@@ -534,13 +544,18 @@ class MinibatchStep(MinibatchStepBase):
         Target acceptance probability for tuning (default: 0.4 with a surrogate
         proposal, else 0.25; times ``target_accept_factor``, which the penalty test of
         :class:`~pymc_minibatch_mh.MinibatchBarker` sets to ``h_σ(0)/(1/2)``).
-    control_variate : {None, "taylor"}
+    control_variate : {None, "auto", "taylor", "taylor_theta", "taylor_predictor"}
         ``"taylor"``: estimate Δ with second-order Taylor control variates around a
         reference point θ̂ (the closed-form full-data sum of the expansions plus a
-        minibatch estimate of the residuals), see
+        minibatch estimate of the residuals), in the per-row quantities where the rows see
+        θ through a non-linear function of it (hierarchical models), else in θ; see
         :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator` and the
-        guide's "Control variates" page. Default None: the plain estimate.
-        Only where ``supports_control_variate`` (not ``ExactMH``).
+        guide's "Control variates" page. ``"taylor_theta"`` and ``"taylor_predictor"``
+        force one of the two expansions. ``"auto"``: ``"taylor"`` where control variates
+        apply, else None with a warning at temperature 1 (see
+        :func:`~pymc_minibatch_mh.estimators.registry.make_estimator`). None: the plain
+        estimate (the papers' tests). Default None here; ``MinibatchBarker``'s is
+        ``"auto"``. Only where ``supports_control_variate`` (not ``ExactMH``).
     reference : dict, optional
         θ̂ as a point dict (e.g. from ``pm.find_MAP()``); default: the MAP, found when the
         step is built. Only with ``control_variate``.
@@ -642,6 +657,7 @@ class MinibatchStep(MinibatchStepBase):
             settings["control_variate"], self.likelihood, self.policy,
             reference=settings["reference"], recenter=settings["recenter"],
             step_name=type(self).__name__, supported=self.supports_control_variate,
+            tempered_schedule=self.schedule is not None, temperature=self.temperature,
         )
 
     def _setup_transitions(self) -> None:
@@ -809,6 +825,9 @@ class MinibatchStep(MinibatchStepBase):
         super()._start_chain_on_data(rng)
         self.proposal.set_tuning(self._tune_enabled)  # a proposal that adapts itself
         self._proposal_state = None
+        #: The last tuning draws of the chain, measured at the end of tuning
+        #: (:mod:`~pymc_minibatch_mh.transition.mixing_watch`).
+        self.mixing_watch = MixingWatch(self.likelihood.point_map.size)
         self._chain_accepted = 0
         self._step_factor = 1.0
         self._next_change: int | None = None
@@ -822,9 +841,31 @@ class MinibatchStep(MinibatchStepBase):
         self.scaling = self.tuner.scaling
 
     def stop_tuning(self) -> None:
-        """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on."""
+        """End tuning: the proposal scale (and the control variates' θ̂) is fixed from now on.
+
+        A chain whose last tuning draws barely moved is reported with a warning
+        (:mod:`~pymc_minibatch_mh.transition.mixing_watch`).
+        """
+        if self._tuning and self._started:
+            self._check_mixing()
         super().stop_tuning()
         self.proposal.set_tuning(False)
+
+    def _check_mixing(self) -> None:
+        """Warn if the chain's last tuning draws have a tiny effective sample size."""
+        watch = self.mixing_watch
+        entries = self.likelihood.point_map.entries
+        scalars = [e.start for e in entries if e.size == 1]
+        if not watch.measure(scalars):
+            return
+        entry = next(e for e in entries if e.start <= watch.worst < e.start + e.size)
+        where = "" if entry.size == 1 else str(
+            [int(i) for i in np.unravel_index(watch.worst - entry.start, entry.shape)])
+        warnings.warn(
+            mixing_message(type(self).__name__, watch, f"{entry.name!r}{where}",
+                           self.proposal.name, self.control_variate is not None),
+            RuntimeWarning, stacklevel=3,
+        )
 
     def _start_point(self, point: Mapping[str, Any]) -> Mapping[str, Any]:
         """With tuning, the proposal's start point; else PyMC's.
@@ -856,6 +897,8 @@ class MinibatchStep(MinibatchStepBase):
         for _ in range(self.steps_per_draw):
             point, (stats,) = self._transition(point)
             transitions.append(stats)
+        if self._tuning:
+            self.mixing_watch.record(self.likelihood.point_map.flat_view(point))
         return point, transitions
 
     def _transition(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
