@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_BARKER_SIGMA",
     "OVERRELAX_ACCEPT",
     "PENALTY_PROPOSALS",
+    "STEP_CHOOSING_PROPOSALS",
     "PENALTY_SIGMAS",
     "PILOT_SEED",
     "AcceptanceOption",
@@ -57,14 +58,21 @@ PENALTY_SIGMAS: tuple[float, ...] = (DEFAULT_PENALTY_SIGMA, 0.25, 0.1)
 
 #: The proposals with which ``acceptance="auto"`` runs the penalty test (the others keep
 #: Barker's): measured in ``benchmarks/bench_past_ceiling.py``.
-PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
+PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson", "surrogate_nuts")
+
+#: The proposals with which ``steps_per_draw="auto"`` chooses between one transition per
+#: draw and the proposal's own number (:meth:`MinibatchBarker._steps_for`). Not NUTS on the
+#: surrogate: on a group scale near its boundary one of its transitions moves little (bambi
+#: ``y ~ x + (x|g)``, 4,000 rows: bulk ESS of the intercepts' scale 118 at one transition
+#: per draw against about 1,260 at nine), so it keeps its nine.
+STEP_CHOOSING_PROPOSALS: tuple[str, ...] = ("crank_nicolson",)
 
 #: The least share of perfect proposals a test must accept for a Crank–Nicolson proposal
 #: chosen by name to over-relax (ρ down to its ``min_rho``; below it, ρ ≥ 0): the penalty
 #: test at σ ≤ 0.25 (0.90 and 0.96), not at σ = 0.5 (0.80) nor Barker's. With
 #: ``acceptance="auto"`` such a test is two options of :func:`choose_test`, with and
 #: without over-relaxation (whose larger moves need more rows). Measured on
-#: logistic regressions (PyMC 5, 2 × 2000 draws; ``benchmarks/README.md``, "Stop 50"): the
+#: logistic regressions (PyMC 5, 2 × 2000 draws; ``benchmarks/bench_past_ceiling.py``): the
 #: penalty test at σ = 0.1 (0.96) with ρ = −0.5 gave 2.2–2.9 times the bulk effective
 #: samples of ρ = 0, the tail's about the same, the standard deviation's 0.4–0.65 times
 #: (nutpie's profile); Barker's test (0.5) at N = 10⁵ and 10⁶, d = 100 gave 1.1–1.2 times
@@ -127,9 +135,10 @@ class MinibatchBarker(MinibatchStep):
         acceptance (penalty: ``2Φ(−σ/2)`` for a perfect proposal). Given with
         ``acceptance="auto"``, it is the σ of whichever test runs.
     acceptance : {"auto", "barker", "penalty"}, default "auto"
-        The acceptance function. ``"auto"``: with the Crank–Nicolson proposal
-        (:data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_PROPOSALS`, zero-config's
-        for GLMs) each chain starts with the penalty test at σ = 0.5 and, with
+        The acceptance function. ``"auto"``: with the Crank–Nicolson proposal and NUTS on
+        the surrogate (:data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_PROPOSALS`,
+        zero-config's for GLMs and for hierarchical models) each chain starts with the
+        penalty test at σ = 0.5 and, with
         ``batch_size="auto"``, chooses between the penalty test at each σ of
         :data:`~pymc_minibatch_mh.step_methods.barker.PENALTY_SIGMAS` (unless ``sigma``
         is given) and Barker's test by predicted work per effective sample whenever it
@@ -186,6 +195,24 @@ class MinibatchBarker(MinibatchStep):
         term of the test's error, estimated from the minibatch (falling back to the
         Gaussian top-up when ``σ² − s²`` is too small for it). See
         :mod:`~pymc_minibatch_mh.core.skew` and the guide's calibration page.
+    control_variate : {"auto", "taylor", "taylor_theta", "taylor_predictor", None}, default "auto"
+        How Δ is estimated. ``"auto"``: second-order Taylor control variates around the
+        mode (``"taylor"``) where they apply, so that a few rows per step suffice at
+        temperature 1; where they do not (no smooth mode, other step methods' variables
+        in the likelihood, a temperature schedule), the plain minibatch estimate, with a
+        warning at temperature 1. ``"taylor"`` insists on them (an error says why they
+        cannot be built); ``"taylor_theta"`` and ``"taylor_predictor"`` force the expansion
+        in θ or in the per-row quantities; None is the paper's plain test. See
+        :class:`~pymc_minibatch_mh.transition.step.MinibatchStep` and the guide's
+        "Control variates" page.
+    proposal : str, Proposal or callable, default "auto"
+        ``"auto"``: with control variates, Crank–Nicolson moves around their Laplace fit
+        when the per-row quantities are affine in θ (GLMs) and one iteration of NUTS on
+        the surrogate posterior when they are not (hierarchical models); without them,
+        the random walk. Also ``"random_walk"``, ``"crank_nicolson"``, ``"mala"``,
+        ``"hmc"``, ``"surrogate_transition"``, ``"surrogate_nuts"``, ``"blackjax_nuts"``,
+        a :class:`~pymc_minibatch_mh.proposals.base.Proposal` or a callable
+        ``step -> Proposal`` (:mod:`~pymc_minibatch_mh.proposals.registry`).
     model, rng, initial_point, mode, check_start, prefetch
         See :class:`~pymc_minibatch_mh.transition.step.MinibatchStep`; every step method
         takes these, and ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``.
@@ -267,9 +294,12 @@ class MinibatchBarker(MinibatchStep):
         correction: CorrectionDistribution | None = None,
         skew_correction: bool = False,
         acceptance: str = "auto",
+        control_variate: str | None = "auto",
+        proposal: Any = "auto",
         **kwargs: Any,
     ) -> None:
         check_acceptance(acceptance, sigma, correction, skew_correction)
+        kwargs.update(control_variate=control_variate, proposal=proposal)
         barker_sigma = DEFAULT_BARKER_SIGMA if sigma is None else sigma
         check_barker_settings(DEFAULT_BARKER_SIGMA if acceptance == "penalty" else barker_sigma,
                               tolerance, early_decision)
@@ -597,8 +627,8 @@ class MinibatchBarker(MinibatchStep):
     def _steps_for(self, correction: Any, rho: float = 0.0) -> int:
         """The transitions per draw that the test of ``correction`` runs with.
 
-        With ``steps_per_draw="auto"`` and a proposal of :data:`PENALTY_PROPOSALS`, one or
-        the proposal's own number, whichever
+        With ``steps_per_draw="auto"`` and a proposal of
+        :data:`STEP_CHOOSING_PROPOSALS`, one or the proposal's own number, whichever
         :func:`~pymc_minibatch_mh.transition.inner_steps.cost_per_effective_sample`
         predicts cheaper for the test's acceptance of a perfect proposal and
         Crank–Nicolson's ``rho``; else the setting.
@@ -611,7 +641,7 @@ class MinibatchBarker(MinibatchStep):
         """The most transitions per draw the step may run.
 
         The proposal's own number with ``steps_per_draw="auto"`` and a proposal of
-        :data:`PENALTY_PROPOSALS`, else the setting.
+        :data:`STEP_CHOOSING_PROPOSALS`, else the setting.
         """
         if not self._chooses_steps():
             return self.steps_per_draw
@@ -620,16 +650,16 @@ class MinibatchBarker(MinibatchStep):
     def _chooses_steps(self) -> bool:
         """Whether the step chooses its transitions per draw.
 
-        With ``steps_per_draw="auto"`` and a proposal of :data:`PENALTY_PROPOSALS`.
+        With ``steps_per_draw="auto"`` and a proposal of :data:`STEP_CHOOSING_PROPOSALS`.
         """
-        return self._steps_auto and self.proposal.name in PENALTY_PROPOSALS
+        return self._steps_auto and self.proposal.name in STEP_CHOOSING_PROPOSALS
 
     def _steps_options(self, correction: Any) -> tuple[int, ...]:
         """The transitions per draw the test of ``correction`` may run with.
 
         One and :meth:`_most_steps` where the test accepts at least
         :data:`OVERRELAX_ACCEPT` of perfect proposals, ``steps_per_draw="auto"`` and the
-        proposal is of :data:`PENALTY_PROPOSALS`; else
+        proposal is of :data:`STEP_CHOOSING_PROPOSALS`; else
         :meth:`_most_steps` alone. A test that accepts less leaves one transition's draws
         strongly autocorrelated, and one per draw would buy only the rows above the cap
         of :meth:`_cap_for`: a smaller error for fewer effective samples (Barker's test
@@ -689,7 +719,7 @@ class MinibatchBarker(MinibatchStep):
             self.steps_per_draw = self._steps_for(self.correction, self.overrelaxation)
 
     def _warn_over_budget(self, choice: RowsChoice) -> None:
-        """Say once that the default budget's cap leaves the predicted error above it.
+        """Say once that at the default budget's cap the predicted error exceeds the budget.
 
         Only the default budget has a cap below N (:data:`AUTO_START_ROWS`); the warning
         names the rows per round that an explicit ``error_tolerance`` would take, predicted
@@ -697,16 +727,26 @@ class MinibatchBarker(MinibatchStep):
         """
         if self._over_budget_warned or self._rows_cap >= self._n_rows:
             return
+        from pymc_minibatch_mh.core.batch_budget import BUDGET_CONFIDENCE
+        from pymc_minibatch_mh.errors import compared
+
         self._over_budget_warned = True
         needed = self._budget.choose(self._n_rows, cap=self._n_rows, rho=self.overrelaxation)
+        bound, tolerance = compared(choice.error_bound, self.error_tolerance)
+        mean, _ = compared(choice.predicted_error, self.error_tolerance)
         warnings.warn(
             f"{type(self).__name__}: batch_size='auto' keeps {choice.rows} rows per round, "
-            "the most the default error budget takes, but the predicted per-step error of "
-            f"the acceptance probability there is {choice.predicted_error:.2g}, above "
-            f"error_tolerance={self.error_tolerance:g} (the error_estimate stat has each "
-            f"draw's). Given explicitly, error_tolerance={self.error_tolerance:g} lets m "
-            f"grow: about {needed.rows} rows per round, predicted from the same "
-            "measurements. Or compare the posterior with a run at a larger batch_size.",
+            "the most the default error budget takes: when error_tolerance is not given, "
+            f"m is capped at {choice.rows} rows per round. There the predicted per-step "
+            f"error of the acceptance probability is {mean} on average over the "
+            f"{choice.records} measured transitions, and {bound} with "
+            f"{BUDGET_CONFIDENCE:g} standard errors of that mean added (what the budget "
+            f"holds), above the default error_tolerance={tolerance} (the error_estimate "
+            "stat has each draw's). An explicit error_tolerance has no such cap, even at "
+            "the default value: "
+            f"error_tolerance={self.error_tolerance:g} given explicitly lets m grow to "
+            f"about {needed.rows} rows per round, predicted from the same measurements. "
+            "Or compare the posterior with a run at a larger batch_size.",
             RuntimeWarning, stacklevel=3,
         )
 
