@@ -90,6 +90,8 @@ import pytensor
 import pytensor.gradient
 import pytensor.tensor as pt
 from numpy.typing import NDArray
+from pytensor.gradient import NullTypeGradError
+from pytensor.graph.utils import MethodNotDefined
 
 from pymc_minibatch_mh.core.control_variate import (
     TaylorReference,
@@ -194,7 +196,15 @@ class PredictorTaylorEstimator(TaylorEstimator):
                     f"parameters to be data features times functions of the parameters: "
                     f"{err} Use control_variate='taylor_theta' (or 'taylor', which chooses)."
                 ) from None
-        return PredictorPasses(self.likelihood, self.step_name, self.analysis)
+        try:
+            return PredictorPasses(self.likelihood, self.step_name, self.analysis)
+        except (MethodNotDefined, NullTypeGradError) as err:
+            raise ControlVariateError(
+                "The expansion in the per-row quantities needs the log-likelihood's second "
+                "derivative in them, which PyTensor cannot build for this model "
+                f"({type(err).__name__}: {err}). Use control_variate='taylor_theta': it "
+                "computes the curvature from differences of the per-row gradient."
+            ) from None
 
     def _make_sums(self, d: int) -> None:
         """``ĉ`` and the sums ``A``, ``B`` over the rows outside the set (shared variables)."""
