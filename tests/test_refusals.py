@@ -92,11 +92,12 @@ def test_whole_data_summaries_small_n(kind, n):
 @pytest.mark.parametrize("kind", ["mean", "sort", "standardise"])
 def test_whole_data_summaries_large_n(kind, monkeypatch):
     """From VALIDATION_C_ROWS rows on, the model's own terms (the split's reference) are
-    compiled for C instead of FAST_COMPILE: the check refuses the same models there."""
+    compiled for C instead of the per-step backend: the check refuses the same models there."""
     import pymc_minibatch_mh.model.likelihood as likelihood
 
     assert likelihood.validation_mode(likelihood.VALIDATION_C_ROWS) == likelihood.C_MODE
-    assert likelihood.validation_mode(likelihood.VALIDATION_C_ROWS - 1) == "FAST_COMPILE"
+    assert (likelihood.validation_mode(likelihood.VALIDATION_C_ROWS - 1)
+            == likelihood.default_mode())
     monkeypatch.setattr(likelihood, "VALIDATION_C_ROWS", 2_000)
     modes = []
     real = likelihood.MinibatchLikelihood.compile

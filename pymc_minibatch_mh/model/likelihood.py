@@ -42,27 +42,49 @@ from pymc_minibatch_mh.model.split import split_model
 from pymc_minibatch_mh.store.registry import make_store, resolve_data
 from pymc_minibatch_mh.store.row_store import RowStore
 
-__all__ = ["VALIDATION_C_ROWS", "MinibatchLikelihood", "NonFiniteRows", "validation_mode"]
+__all__ = ["VALIDATION_C_ROWS", "VALIDATION_PYTHON_ROWS", "MinibatchLikelihood", "NonFiniteRows",
+           "validation_mode"]
 
 
 #: From this many rows on, the model's own log-likelihood that checks the split (three
 #: evaluations over all rows, :func:`~pymc_minibatch_mh.model.checks.validate_split`) is
-#: compiled for PyTensor's C backend; below, with ``"FAST_COMPILE"``.
+#: compiled for PyTensor's C backend (see :func:`validation_mode`).
 VALIDATION_C_ROWS: int = 100_000
+
+#: Below this many rows the model's own log-likelihood of the split's check runs in
+#: PyTensor's Python backend (``"FAST_COMPILE"``), whose cost per row is then below a
+#: compilation's (see :func:`validation_mode`).
+VALIDATION_PYTHON_ROWS: int = 1_000
+
+#: The PyTensor mode of the split's per-row function in the check: it is evaluated on
+#: subsets of at most 64 rows, where the Python backend costs less than a compilation.
+_SUBSET_MODE = "FAST_COMPILE"
 
 
 def validation_mode(n_rows: int) -> str:
     """The PyTensor mode of the split's reference: the model's own terms on all rows.
 
-    ``"FAST_COMPILE"`` compiles in about 0.1 s but runs its ops in Python, one NumPy call
-    each: measured on the zoo's Student-t at N = 10⁶, 2.3 s per evaluation, against
-    0.01 s compiled for C (1.6 s to compile, rewrites included). The large case goes to C
-    (:data:`~pymc_minibatch_mh.model.internals.C_MODE`) on both PyTensor lines, where the
-    graph's products of a float32 design run as
+    No op runs over all rows in Python: ``"FAST_COMPILE"`` (PyTensor's Python backend,
+    0.1 s to compile) evaluates each elementwise op in ``Elemwise.perform``, and an op
+    without a NumPy ufunc of its arity (a product of three factors, which PyTensor 2's
+    rewrites make) one row at a time in Python. Measured on a Student-t regression with
+    unknown ν at N = 3·10⁴: 0.2 s per evaluation on PyTensor 2.38 (90,000 Python calls
+    over the check's three), against 0.02 s compiled. So the reference is compiled for
+    the per-step functions' backend
+    (:func:`~pymc_minibatch_mh.model.compat.default_mode`, Numba: 0.2–1 s to compile,
+    2.6–3.7 s for its first call with Numba's cache empty, against 10–12 s for C with
+    PyTensor's), where :func:`~pymc_minibatch_mh.model.internals.compile_function` sends
+    a graph with an op that Numba lacks to C. From :data:`VALIDATION_C_ROWS` rows on it
+    goes to C (:data:`~pymc_minibatch_mh.model.internals.C_MODE`) at once on both
+    PyTensor lines, where the graph's products of a float32 design run as
     :class:`~pymc_minibatch_mh.model.graph.UpcastDot` (see
-    :func:`~pymc_minibatch_mh.model.graph.reference_graph`).
+    :func:`~pymc_minibatch_mh.model.graph.reference_graph`), which Numba lacks. Below
+    :data:`VALIDATION_PYTHON_ROWS` rows the Python backend stays: a few milliseconds per
+    evaluation there, against a compilation's second.
     """
-    return C_MODE if n_rows >= VALIDATION_C_ROWS else "FAST_COMPILE"
+    if n_rows >= VALIDATION_C_ROWS:
+        return C_MODE
+    return default_mode() if n_rows >= VALIDATION_PYTHON_ROWS else "FAST_COMPILE"
 
 
 class MinibatchLikelihood:
@@ -144,12 +166,12 @@ class MinibatchLikelihood:
         # one never compiles it.
         self._prior_grad_fn: Any = None
         # The split's per-row log-likelihood against the model's own terms on all rows
-        # (not split), both compiled in the validation's mode and not kept after it: what
-        # is checked is the graph, and a step's own compiled per-row function
-        # (``_rows_fn``) is loaded only by a path that evaluates rows with it.
-        mode = validation_mode(split.n_rows)
-        rows_fn = self.compile([g.flat, *g.data], g.row_loglik, mode=mode)
-        model_fn = self.compile([g.flat], g.full_loglik, mode=mode)
+        # (not split), neither kept after the check: what is checked is the graph, and a
+        # step's own compiled per-row function (``_rows_fn``) is loaded only by a path that
+        # evaluates rows with it. The first runs on subsets of a few rows (Python
+        # backend), the second over all rows (compiled: validation_mode).
+        rows_fn = self.compile([g.flat, *g.data], g.row_loglik, mode=_SUBSET_MODE)
+        model_fn = self.compile([g.flat], g.full_loglik, mode=validation_mode(split.n_rows))
         validate_split(
             model, point, n_rows=split.n_rows, set_point=self._set_point,
             full_loglik=model_fn,
