@@ -13,11 +13,19 @@ likelihood (:mod:`pymc_minibatch_mh.model`), the Δ* estimators
 (:mod:`pymc_minibatch_mh.estimators`) and the proposals
 (:mod:`pymc_minibatch_mh.proposals`); :mod:`pymc_minibatch_mh.transition` composes them into
 the shared base of the step methods (:mod:`pymc_minibatch_mh.step_methods`).
+
+:func:`posterior` and :func:`sample_stats` read a group of what ``pm.sample`` returned as
+an ``xarray.Dataset`` on both PyMC lines (``arviz.InferenceData`` from PyMC 5, an
+``xarray.DataTree`` from PyMC 6); :func:`mcse` is ArviZ's Monte Carlo standard error of
+one scalar quantity's mean or sd.
 """
+
+import logging as _logging
 
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.diagnostics import audit_summary
 from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
 from pymc_minibatch_mh.step_methods.austere import AustereMH
 from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
 from pymc_minibatch_mh.step_methods.exact import ExactMH
@@ -27,6 +35,15 @@ from pymc_minibatch_mh.store.sources import ParquetColumn
 from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 
 __version__ = "0.1.0"
+
+# Shown as PyMC shows its "Sequential sampling ..." lines: unless the program configures
+# logging, the package's INFO lines (a long set-up's phases, the choices it makes) go to
+# standard error, on a terminal or not.
+_log = _logging.getLogger("pymc_minibatch_mh")
+if not _logging.root.handlers:
+    _log.setLevel(_logging.INFO)
+    if not _log.handlers:
+        _log.addHandler(_logging.StreamHandler())
 
 __all__ = [
     "AustereMH",
@@ -41,4 +58,7 @@ __all__ = [
     "__version__",
     "audit_summary",
     "get_correction",
+    "mcse",
+    "posterior",
+    "sample_stats",
 ]

@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("blackjax")
 
-import pymc_minibatch_mh.proposals.blackjax_nuts as blackjax_module  # noqa: E402
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.proposals.blackjax_nuts import BlackjaxNUTSProposal  # noqa: E402
+import pymc_minibatch_mh.proposals.blackjax_nuts as blackjax_module
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.proposals.blackjax_nuts import BlackjaxNUTSProposal
 
 
 def grouped_model(n=600, groups=5, seed=3):

@@ -41,7 +41,7 @@ def batch_means_mcse(draws: np.ndarray, n_batches: int = 20) -> float:
 @pytest.fixture(scope="module")
 def example() -> dict:
     namespace: dict = {"__name__": "docs_proposal_example"}
-    exec(compile(example_code(), str(PAGE), "exec"), namespace)  # noqa: S102
+    exec(compile(example_code(), str(PAGE), "exec"), namespace)
     return namespace
 
 

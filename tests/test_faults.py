@@ -177,8 +177,8 @@ for what in ("a full pass", "a shuffled copy's read of its source"):
 
 
 def test_a_npy_file_truncated_under_a_pass_is_refused_not_a_bus_error(tmp_path):
-    """In a child process: before the reads went through pread(2), the interpreter died of
-    SIGBUS here (the guide used to say so)."""
+    """In a child process: reads through a memory mapping would kill the interpreter with
+    SIGBUS here; reads through pread(2) raise a clear error instead."""
     out = subprocess.run([sys.executable, "-c", _BUS_ERROR_SCRIPT, str(tmp_path / "X.npy")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])

@@ -106,9 +106,10 @@ def call_cost_rows(mode: Any) -> float:
 
     With Numba a call of a step's per-row function costs about 6–7 µs (the row draw, the
     gather, the jitted call and the test's compiled rounds) against 0.05–0.13 µs per row
-    on the Gaussian mixture (``benchmarks/README.md``); PyTensor 2's C virtual machine
-    about 28 µs against 0.17 µs per row. Used to choose how many rows to evaluate with a
-    step's data-free part (:class:`~pymc_minibatch_mh.estimators.ratio.PrefetchPolicy`).
+    on the Gaussian mixture (``benchmarks/bench_gaussian_mixture.py``); PyTensor 2's C
+    virtual machine about 28 µs against 0.17 µs per row. Used to choose how many rows
+    to evaluate with a step's data-free part
+    (:class:`~pymc_minibatch_mh.estimators.ratio.PrefetchPolicy`).
     """
     return 140.0 if str(mode).upper() == "NUMBA" else 165.0
 

@@ -40,6 +40,7 @@ import os
 import pickle
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def _key_and_shared(inputs: list[Any], outputs: Any, mode: Any,
             if v not in digest:  # an output that is a constant
                 digest[v] = _constant_digest(v, np.asarray(v.data))
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        _log.debug("Function cache: a graph does not pickle (%s); compiled without it.", exc)
+        _not_cached(f"its graph does not pickle ({type(exc).__name__}: {exc})")
         return None, shared
     head = _describe((repr(mode), isinstance(outputs, list | tuple), len(inputs), recipe))
     return _sha(_environment(), head, *(digest[v] for v in fg.outputs)).hex(), shared
@@ -316,6 +317,14 @@ def drop_rewrite_state(fgraph: FunctionGraph) -> None:
         handler.clients = {v: c for v, c in handler.clients.items() if c or v in live}
 
 
+def _not_cached(why: str) -> None:
+    """Warn that a compiled function is not stored in the cache, and why."""
+    warnings.warn(
+        f"Function cache: a compiled function is not stored, so a new process compiles "
+        f"it again (a slower set-up): {why}.", RuntimeWarning, stacklevel=3,
+    )
+
+
 def _store(path: Path, built: Any, swapped: list[Any]) -> None:
     """Pickle ``built`` to ``path``, the values of the ``swapped`` shared variables left out.
 
@@ -330,8 +339,8 @@ def _store(path: Path, built: Any, swapped: list[Any]) -> None:
             if isinstance(value, np.ndarray):
                 cell[0] = np.empty((0,) * value.ndim, dtype=value.dtype)
         data = pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001 - a function that does not pickle is not cached
-        _log.debug("Function cache: not stored (%s: %s).", type(exc).__name__, exc)
+    except Exception as exc:  # noqa: BLE001 - not cached, warned
+        _not_cached(f"it does not pickle ({type(exc).__name__}: {exc})")
         return
     finally:
         for cell, value in zip(cells, values, strict=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -45,9 +45,6 @@ __all__ = [
     "reference_graph",
     "shape_constant_replacements",
 ]
-
-
-_log = logging.getLogger("pymc_minibatch_mh")
 
 
 #: Vector products that :class:`BatchedProducts` makes one call at a time before it compiles
@@ -145,9 +142,12 @@ class BatchedProducts:
         matrix = pt.matrix(f"{vector.name or 'v'}_rows", dtype=vector.dtype)
         try:
             rows = vectorize_graph(output, replace={vector: matrix})
-        except Exception as exc:  # noqa: BLE001 - any op PyTensor cannot vectorise
-            _log.info("The %s are computed one vector product at a time: PyTensor could "
-                      "not vectorise the graph (%s: %s).", self.what, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001 - any op PyTensor cannot vectorise: warned
+            warnings.warn(
+                f"The {self.what} are computed one vector product at a time, a slower "
+                f"set-up: PyTensor could not vectorise the graph ({type(exc).__name__}: "
+                f"{exc}).", RuntimeWarning, stacklevel=2,
+            )
             return None
         if rows.ndim == output.ndim:
             # The output does not depend on the vector (a flat prior's Hessian products

@@ -62,6 +62,7 @@ __all__ = [
     "PyMCStepHooks",
     "adaptation_window",
     "direct_call",
+    "raise_wrapped_interrupt",
     "explicit_inputs_first",
     "full_adapt_potential",
     "is_ninf_check",
@@ -210,14 +211,22 @@ def object_mode_ops(outputs: Any) -> list[str]:
     for node in io_toposort([], [o for o in outs if isinstance(o, Variable)]):
         if isinstance(node.op, Elemwise):
             nodes.setdefault(node.op.scalar_op, node)
+    unasked: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for scalar_op, node in nodes.items():
             try:
                 numba_funcify(scalar_op, node=scalar_op.make_node(
                     *[get_scalar_type(dtype=i.type.dtype)() for i in node.inputs]))
-            except Exception:  # noqa: BLE001, S112 - the build's own warnings then decide
-                continue
+            except Exception as exc:  # noqa: BLE001 - warned below; the build then decides
+                unasked.append(f"{scalar_op} ({type(exc).__name__}: {exc})")
+    if unasked:
+        warnings.warn(
+            f"PyTensor's Numba backend could not be asked ahead of compiling whether it "
+            f"runs {', '.join(unasked)} in object mode; the compilation's own warnings "
+            "decide (a function may then be compiled twice, once for PyTensor's C backend).",
+            RuntimeWarning, stacklevel=2,
+        )
     return sorted({m.group(1) for w in caught
                    if (m := OBJECT_MODE_WARNING.search(str(w.message)))})
 
@@ -393,6 +402,30 @@ def jitted_parts(fn: Any) -> tuple[Any, tuple[Any, ...], bool] | None:
     return vm.jit_fn, tuple(vm.inputs[n_explicit:]), bool(getattr(fn, "unpack_single", False))
 
 
+def raise_wrapped_interrupt(err: SystemError) -> None:
+    """Raise the Ctrl-C that a jitted function's ``SystemError`` wraps (else return).
+
+    A Ctrl-C while a jitted graph runs sets Python's ``KeyboardInterrupt``; the Numba
+    dispatcher then returns its result with that exception set, which CPython reports as
+    ``SystemError: CPUDispatcher(...) returned a result with an exception set``, chained
+    from the ``KeyboardInterrupt``. PyMC keeps the draws made so far only on a
+    ``KeyboardInterrupt``, so this raises one in its place. Every direct call of a jitted
+    graph (:class:`DirectCall`) goes through here.
+
+    Parameters
+    ----------
+    err : SystemError
+        The error raised by the call.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        When ``err`` was caused by one.
+    """
+    if isinstance(err.__cause__ or err.__context__, KeyboardInterrupt):
+        raise KeyboardInterrupt from err
+
+
 class DirectCall:
     """Calls the jitted graph of a Numba-compiled PyTensor function directly.
 
@@ -428,10 +461,14 @@ class DirectCall:
     def __call__(self, *args: Any) -> Any:
         """Call the function with its explicit inputs (the shared values are read now)."""
         cells = self._cells
-        if len(cells) == 1:  # the common case: no list built per call
-            out = self._jit(*args, cells[0][0])
-        else:
-            out = self._jit(*args, *[c[0] for c in cells])
+        try:
+            if len(cells) == 1:  # the common case: no list built per call
+                out = self._jit(*args, cells[0][0])
+            else:
+                out = self._jit(*args, *[c[0] for c in cells])
+        except SystemError as err:
+            raise_wrapped_interrupt(err)
+            raise
         return out[0] if self._single else out
 
     def __getstate__(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ to 1.00, but not robustly: the same seed with other floating-point rounding gave
 1.06 (``mu``, whose sum with the large groups' effects is what the data fix; a diagonal
 mass matrix does not follow that correlation). Whitened by the Laplace fit (above
 :data:`DENSE_MASS_MAX_DIM`), that chain gives R-hat 1.003 and min bulk ESS 1,441, and
-1,496 / 1,566 at N = 3·10⁵ / 10⁶ (``benchmarks/zoo_results.md``).
+1,496 / 1,566 at N = 3·10⁵ / 10⁶ (``benchmarks/bench_model_zoo.py``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ from pymc_minibatch_mh.model.internals import (
     nuts_iteration,
     nuts_mass,
     nuts_tree_settings,
+    raise_wrapped_interrupt,
     raveled_point_info,
     set_adaptation_window,
     set_hamiltonian_step,
@@ -276,6 +277,9 @@ class SurrogateNUTSProposal(Proposal):
         except TypeError:  # a shared value of π̃ changed its type (layout): compile again
             self._tree = CompiledTree(self._density.jit, cells, rng, q0)
             out = self._tree(cells, *args)
+        except SystemError as err:  # a Ctrl-C inside the compiled tree: PyMC keeps the draws
+            raise_wrapped_interrupt(err)
+            raise
         self.density_evaluations += out[6]
         return out
 

@@ -212,11 +212,14 @@ class RowStore:
                 f"{name!r} has rows of shape {slice_.shape[1:]}. Build the model on a slice "
                 f"of the same array (e.g. pm.Data({name!r}, store[:1000]))."
             )
-        if not np.can_cast(array.dtype, var.dtype, "safe"):
+        # Integers into a narrower integer type (PyMC makes integer pm.Data int32) are
+        # accepted: cast_rows checks each value as it is read.
+        if not (np.can_cast(array.dtype, var.dtype, "safe")
+                or _integer_cast(np.dtype(array.dtype), np.dtype(var.dtype))):
             raise DataStoreError(
                 f"data[{name!r}] has dtype {array.dtype}, which cannot be cast safely to the "
-                f"model's {var.dtype}. Store the data as {var.dtype}, or build the model on a "
-                "slice of the same array so that the dtypes agree."
+                f"model's {var.dtype}. Store the data as {var.dtype} (e.g. "
+                f"array.astype({str(var.dtype)!r}))."
             )
 
     def check_unchanged(self, what: str = "a full pass") -> None:
@@ -440,5 +443,33 @@ def _array_like(source: Any) -> Any:
 
 
 def cast_rows(rows: Sequence[NDArray[Any]], casts: Sequence[Any]) -> tuple[NDArray[Any], ...]:
-    """``rows`` with ``rows[i]`` cast to ``casts[i]`` (None: as it is)."""
-    return tuple([r if c is None else r.astype(c) for r, c in zip(rows, casts, strict=True)])
+    """``rows`` with ``rows[i]`` cast to ``casts[i]`` (None: as it is).
+
+    A cast of integers to a narrower integer type is checked to keep every value.
+
+    Raises
+    ------
+    DataStoreError
+        If an integer value does not fit in the type it is cast to.
+
+    """
+    return tuple([r if c is None else _checked_cast(r, c)
+                  for r, c in zip(rows, casts, strict=True)])
+
+
+def _integer_cast(have: np.dtype, want: np.dtype) -> bool:
+    """Whether integers of ``have`` are cast to ``want``, which may not hold them all."""
+    return have.kind in "iu" and want.kind in "iu" and not np.can_cast(have, want, "safe")
+
+
+def _checked_cast(rows: NDArray[Any], dtype: np.dtype) -> NDArray[Any]:
+    out = rows.astype(dtype)
+    if _integer_cast(rows.dtype, dtype) and not np.array_equal(out, rows):
+        value = rows[out != rows].flat[0]
+        info = np.iinfo(dtype)
+        raise DataStoreError(
+            f"Integer data given with data= ({rows.dtype}) has the value {value}, outside "
+            f"the range of the model's {dtype} variable ({info.min} to {info.max}). Store "
+            f"values that fit in {dtype} (e.g. labels recoded to 0, 1, ..., K - 1)."
+        )
+    return out
