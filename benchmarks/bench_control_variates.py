@@ -14,7 +14,7 @@ Laplace covariance at the MAP times ``2.38/√d`` (``S="laplace"``). In one run:
   for the full-data log-density and gradient, measured first), started at the MAP: time,
   ESS per second, and the reference posterior means and sds.
 
-Targets (issue "Temperature 1 at minibatch cost"): average batch ≤ 1,000 with control
+Targets: average batch ≤ 1,000 with control
 variates (close to N without); posterior means and sds within 3 MCSE of NUTS (MCSE of
 the difference: both runs' MCSEs combined); ESS per second ≥ 10 × NUTS's.
 

@@ -27,9 +27,9 @@ import numpy as np
 import pymc as pm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_model_zoo import make_model  # noqa: E402
+from bench_model_zoo import make_model
 
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker
 
 
 def run(model: pm.Model, seed: int, draws: int = 1000, tune: int = 1000,

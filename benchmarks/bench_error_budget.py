@@ -1,13 +1,12 @@
 """Benchmark: rows per round sized by the error budget against the fixed 100 rows, same run.
 
 The zero-config step ``MinibatchBarker(control_variate="taylor")`` twice per configuration,
-in one process, with the same data and seed: ``batch_size=100`` (the default until this
-change: 100 rows per round at every transition) and ``batch_size="auto"`` (the default
-now: rows per round sized by ``error_tolerance`` = 10⁻³ from the tuning's measuring
-transitions; see ``pymc_minibatch_mh.core.batch_budget``). Logistic regressions of
-``bench_tall_glm.py`` (same data, same prior), PyMC's default draws, chains one after
-another. A first step is built and discarded so that both arms find the same warm
-compilation caches.
+in one process, with the same data and seed: ``batch_size=100`` (100 rows per round at every
+transition) and ``batch_size="auto"`` (the default: rows per round sized by
+``error_tolerance`` = 10⁻³ from the tuning's measuring transitions; see
+``pymc_minibatch_mh.core.batch_budget``). Logistic regressions of ``bench_tall_glm.py``
+(same data, same prior), PyMC's default draws, chains one after another. A first step is
+built and discarded so that both arms find the same warm compilation caches.
 
 Per arm it prints: set-up and sampling seconds, min bulk ESS and max R-hat over the
 coefficients, the rows per round of the sampled draws, rows per transition while
@@ -33,10 +32,10 @@ import numpy as np
 import pymc as pm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_tall_glm as tall  # noqa: E402  (the logistic grid's data and helpers)
+import bench_tall_glm as tall
 
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.model.compat import group, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.model.compat import group, posterior, sample_stats
 
 DEFAULT_CONFIGS = [f"logistic:{n}:{d}" for n in ("1e5", "1e6") for d in (10, 30, 100)]
 ARMS = {"fixed 100": (MinibatchBarker, {"batch_size": 100}),

@@ -22,8 +22,8 @@ start (reading the data into the row store, the row sampler's order, the full-da
 of the start point) is not spread over the steps; the start is reported separately. The
 callback's own cost (measured) is subtracted from the step and from the no-op step alike.
 
-This machine's speed drifts by a factor of up to 2 from one block to the next (other
-virtual machines share the host), so the evaluation is timed *between* the blocks of
+On a shared machine the speed can drift by a factor of up to 2 from one block to the
+next (other virtual machines on the host), so the evaluation is timed *between* the blocks of
 steps, by the same callback (outside the timed blocks): 100 calls after every block of
 100 steps, and after every block of 1000 no-op steps. The target is judged on paired
 ratios: each block of steps against the mean of the evaluation blocks just before and
@@ -32,7 +32,7 @@ no-op chains' own pairs); the table gives the median of these ratios and their q
 Drift then affects both sides of a ratio alike. Times are medians over blocks, with the
 10th percentile beside them.
 
-Targets (issue "MinibatchBarker"): average batch size ≤ 205 (paper: 182.3 ± 11.4 with
+Targets: average batch size ≤ 205 (paper: 182.3 ± 11.4 with
 σ = 0.9); time per step ≤ 2 × (one minibatch evaluation + one no-op PyMC step); at least
 1000 × faster per step than full-data MH.
 

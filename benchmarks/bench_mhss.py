@@ -495,7 +495,7 @@ def main(argv=None):
     if "mhss" not in skipped:
         try:
             import_mhss()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any import failure skips MH-SS, with reason
             skipped["mhss"] = (f"cannot import PyMHSS ({type(err).__name__}: {err}); "
                                "pip install -e '.[mhss]' (pymhss 0.1.5, TensorFlow, JAX, "
                                "statsmodels)")
@@ -530,7 +530,7 @@ def main(argv=None):
                     model = make_flat_model(cfg, data)
                     r = run_package_budget(cfg, model, args)
                     del model
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - printed and listed; the others still run
                 print(f"  {sampler} FAILED: {type(err).__name__}: {err}")
                 traceback.print_exc(limit=4)
                 not_run.append(f"{cfg.label}: {sampler} failed ({type(err).__name__}: "

@@ -1,4 +1,4 @@
-"""Data bigger than memory: the targets of issue 15, measured.
+"""Benchmark: data bigger than memory, against targets for memory, passes and step time.
 
 Two parts, each configuration in a fresh process (so that its peak memory is its own):
 

@@ -1,4 +1,4 @@
-"""Benchmark (issue 29, item 2): past Barker's acceptance ceiling.
+"""Benchmark: past Barker's acceptance ceiling.
 
 Barker's test accepts at most about half of even a perfect proposal, so with Barker's
 test the step needs about 4.5 transitions per effective sample on the logistic grid. A
@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_error_budget as budget  # noqa: E402
+import bench_error_budget as budget
 
-from pymc_minibatch_mh import AustereMH, MinibatchBarker  # noqa: E402
+from pymc_minibatch_mh import AustereMH, MinibatchBarker
 
 DEFAULT_CONFIGS = ["logistic:1e5:10", "logistic:1e6:10", "logistic:1e6:30"]
 ARMS = {

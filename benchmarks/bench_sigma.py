@@ -1,10 +1,10 @@
 """Benchmark: rows per step and audited error of MinibatchBarker for each shipped σ.
 
-The settings guide's table of σ used to give the rows per step relative to σ = 1 as
-``1/σ²`` (computed: the test stops once s² < σ², and s² falls like 1/b). This measures
-them, with the error that each σ's steps actually make, on the Gaussian mixture of Seita
-et al. (2017, section 6.1: N = 10⁶, temperature 10,000, random-walk sd 0.15, first
-minibatch 50, no tuning), the same proposals for every σ (same seed, same chains):
+Rows per step relative to σ = 1 could be computed as ``1/σ²`` (the test stops once s² < σ²,
+and s² falls like 1/b). This measures them instead, with the error that each σ's steps
+actually make, on the Gaussian mixture of Seita et al. (2017, section 6.1: N = 10⁶,
+temperature 10,000, random-walk sd 0.15, first minibatch 50, no tuning), the same proposals
+for every σ (same seed, same chains):
 
 - ``rows per step``: the mean ``batch_size`` over all steps and chains, and its ratio to
   σ = 1's (the computed ``1/σ²`` beside it);
@@ -17,7 +17,7 @@ Rows are compared at equal audited error where the error intervals of two σ ove
 table says which do not.
 
 Run: ``python benchmarks/bench_sigma.py [--draws 3000] [--chains 4] [--audit-every 4]``
-(about 10 minutes with the defaults on this machine's two cores).
+(about 10 minutes with the defaults on two cores).
 """
 
 from __future__ import annotations

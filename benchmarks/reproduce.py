@@ -64,9 +64,9 @@ PAPER_RUNS = {"gmm": (10, 3000), "gmm_sigma09": (10, 3000), "mnist13k": (10, 500
 QUICK_REASONS = {
     "mhsublhd": "its range bound C_{θ,θ'} needs a pass over all N rows at every step "
                 "(about 0.2 s per sample on the mixture, 0.8 s on MNIST-13k, 1-2 s on "
-                "MNIST-100k on this machine)",
+                "MNIST-100k on 2 shared cores)",
     "austere-nc": "its adaptive design needs a pass over all N rows at every step (about "
-                  "0.5 s per sample on MNIST-13k, 1 s on MNIST-100k on this machine)",
+                  "0.5 s per sample on MNIST-13k, 1 s on MNIST-100k on 2 shared cores)",
     "austere-c": "it uses ~2,000-3,000 rows per step (25-50 ms per sample here)",
     "austere": "it uses ~10⁴ rows per step",
     "barker": "to keep --quick short",
@@ -332,7 +332,7 @@ def _sweep_draws(rec: dict) -> int:
 
 
 def _guess_seconds(name: str, method: str) -> float:
-    """Seconds per sample of a method not run (measured on this machine, 2 shared cores)."""
+    """Seconds per sample of a method not run (measured on 2 shared cores)."""
     return {("mnist100k", "austere-nc"): 1.9, ("mnist100k", "mhsublhd"): 2.1,
             ("mnist13k", "austere-nc"): 0.5, ("mnist13k", "mhsublhd"): 0.8}.get(
         (name, method), 0.05)
@@ -374,8 +374,8 @@ def write_report(args: argparse.Namespace, wall_seconds: float | None) -> Path:
             "## Runtime of the full run",
             "",
             "Estimated from the seconds per sample measured in these runs, at the paper's "
-            "trials × samples (methods not run are extrapolated from other measurements on "
-            "this machine):",
+            "trials × samples (methods not run are extrapolated from measurements on 2 "
+            "shared cores):",
             "",
             "| experiment | trials × samples | estimated time |",
             "| --- | --- | --- |",
@@ -384,7 +384,7 @@ def write_report(args: argparse.Namespace, wall_seconds: float | None) -> Path:
             "",
             "Almost all of it is the per-step full passes of AustereMH(nc) and MHSubLhd "
             "(the estimator evaluates them through row-index gathers of all N rows, at several "
-            "µs per row for the 784-pixel rows on this machine).",
+            "µs per row for the 784-pixel rows).",
             "",
         ]
 

@@ -1,12 +1,11 @@
 """Study: which rows of the zoo's crossed model the test can leave to its minibatch.
 
-Issue 31 asks for at most 1,000 rows per transition on the crossed random intercepts.
-Until stop 55 the zero-config step summed the rows of the levels with little information
-exactly (the *exact set*): the test read them once per transition, and the surrogate
-posterior π̃ contained them, so NUTS on π̃ read them at each of its evaluations. This
-script measured what a smaller exact set would cost, and what expanding the set's rows
-around their level's shift would (what ``estimators/predictor_shift.py`` now does), with
-the package's own residuals:
+Summing the rows of the levels with little information exactly (an *exact set*) makes
+the test read them once per transition, and the surrogate posterior π̃ contain them, so
+that NUTS on π̃ reads them at each of its evaluations. This script measures what an exact
+set of a given size costs, and what expanding the set's rows around their level's shift
+(what ``estimators/predictor_shift.py`` does) costs instead, with the package's own
+residuals:
 
 1. the zero-config step samples the model (one chain, ``--draws`` + ``--draws``) and
    gives θ̂ and each level's information (in average rows, as the step counts it);
@@ -45,10 +44,10 @@ from scipy.special import expit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_model_zoo import crossed_data, family_rng, make_model  # noqa: E402
+from bench_model_zoo import crossed_data, family_rng, make_model
 
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.estimators import predictor_taylor  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker
+from pymc_minibatch_mh.estimators import predictor_taylor
 
 THRESHOLDS = (2, 5, 10, 20, 30, 50, 80, 150, 300, 1000)
 

@@ -20,12 +20,12 @@ import sys
 import warnings
 from pathlib import Path
 
+import pymc_minibatch_mh
+
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 # The gallery wrappers import the example scripts as modules.
 sys.path.insert(0, str(ROOT / "examples"))
-
-import pymc_minibatch_mh  # noqa: E402
 
 # The gallery runs in this process: keep PyTensor's note about the C backend's BLAS (which
 # the minibatch steps do not use; they compile with Numba) out of the examples' output.
@@ -34,7 +34,7 @@ warnings.filterwarnings("ignore", message=".*could not link to a BLAS", category
 # -- project ----------------------------------------------------------------------------
 project = "pymc-minibatch-mh"
 author = "pymc-minibatch-mh developers"
-copyright = "pymc-minibatch-mh developers"  # noqa: A001
+copyright = "pymc-minibatch-mh developers"
 version = release = pymc_minibatch_mh.__version__
 
 # -- general ----------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _resolve(fullname: str) -> object:
     return None
 
 
-def _check_public_names_documented(app, env) -> None:  # noqa: ANN001
+def _check_public_names_documented(app, env) -> None:
     from sphinx.util import logging
 
     logger = logging.getLogger("pymc_minibatch_mh.docs")
@@ -215,7 +215,7 @@ def _check_public_names_documented(app, env) -> None:  # noqa: ANN001
             )
 
 
-def _init_signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN202
+def _init_signature(app, what, name, obj, options, signature, return_annotation):
     """Show ``__init__``'s parameters for classes whose ``__new__`` hides them.
 
     PyMC's step methods define ``__new__(cls, *args, **kwargs)``, which autodoc would
@@ -230,7 +230,7 @@ def _init_signature(app, what, name, obj, options, signature, return_annotation)
     return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty)), None
 
 
-def setup(app):  # noqa: ANN001, ANN201
+def setup(app):
     app.connect("env-check-consistency", _check_public_names_documented)
     app.connect("autodoc-process-signature", _init_signature)
     return {"parallel_read_safe": True}

@@ -46,16 +46,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import scipy.linalg  # noqa: E402
-from numpy.typing import NDArray  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import scipy.linalg
+from numpy.typing import NDArray
 
-from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
-from pymc_minibatch_mh.proposals import StiefelRandomWalk  # noqa: E402
+from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker, mcse, posterior, sample_stats
+from pymc_minibatch_mh.proposals import StiefelRandomWalk
 
 D = 4
 #: The paper's Figure 5: exact MH (ε = 0) against these ε.
@@ -129,7 +128,7 @@ def ica_model(z: NDArray[np.float64], initval: NDArray[np.float64] | None = None
     """
     d = z.shape[1]
 
-    def logp(value, w):  # noqa: ANN001, ANN202 - one log-likelihood per row
+    def logp(value, w):
         w = w.reshape((d, d))  # the core parameter arrives with a batch dimension of 1
         u = pt.dot(value, w.T)
         logistic = pm.logp(pm.Logistic.dist(0.0, 1.0), u)
@@ -159,7 +158,7 @@ def amari_distance(w: NDArray[np.float64], w0: NDArray[np.float64]) -> NDArray[n
     return (rows + cols) / (2.0 * d * (d - 1))
 
 
-def make_step(model: pm.Model, method: str, scale: float, batch_size: int,  # noqa: ANN201
+def make_step(model: pm.Model, method: str, scale: float, batch_size: int,
               tune: bool):
     """The step of ``method`` (``"exact"``, ``"barker"`` or ``"austere-<ε>"``) on ``model``."""
     common = dict(proposal=StiefelRandomWalk(D), scaling=scale, tune=tune)
@@ -180,7 +179,7 @@ def label_of(method: str) -> str:
     return f"AustereMH, ε = {method.split('-', 1)[1]}"
 
 
-def timed_chain(model: pm.Model, step, start: NDArray[np.float64], seconds: float,  # noqa: ANN001
+def timed_chain(model: pm.Model, step, start: NDArray[np.float64], seconds: float,
                 seed: int, tune: int = 0) -> dict:
     """One chain run for ``seconds`` of wall-clock time after its tuning steps.
 
@@ -190,7 +189,7 @@ def timed_chain(model: pm.Model, step, start: NDArray[np.float64], seconds: floa
     stamps: list[float] = []
     origin = [math.nan]
 
-    def callback(trace, draw) -> None:  # noqa: ANN001
+    def callback(trace, draw) -> None:
         now = time.perf_counter()
         if draw.tuning:
             origin[0] = now

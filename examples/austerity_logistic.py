@@ -71,19 +71,21 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from scipy.special import expit  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+from scipy.special import expit
 
-from pymc_minibatch_mh import (  # noqa: E402
+from pymc_minibatch_mh import (
     AustereMH,
     ExactMH,
     MinibatchBarker,
     audit_summary,
+    mcse,
+    posterior,
+    sample_stats,
 )
-from pymc_minibatch_mh.datasets import load_mnist_pair, mnist_logistic_model  # noqa: E402
-from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh.datasets import load_mnist_pair, mnist_logistic_model
 
 #: The digits of section 5.1: a 7 is y = +1, a 9 is y = −1.
 POSITIVE, NEGATIVE = 7, 9
@@ -217,7 +219,7 @@ def color(method: str, eps: float, epsilons: list[float]) -> object:
 
 
 def make_step(method: str, eps: float, args: argparse.Namespace, d: int,
-              audit_every: int | None = None):  # noqa: ANN201 - a step method
+              audit_every: int | None = None):
     walk = dict(S=np.full(d, args.step_sd), tune=False, audit_every=audit_every)
     if method == "exact":
         return ExactMH(**{k: v for k, v in walk.items() if k != "audit_every"})
@@ -245,7 +247,7 @@ def quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def sample_timed(model, step, draws: int, tune: int, seed: int, initvals: dict | None,  # noqa: ANN001, ANN201
+def sample_timed(model, step, draws: int, tune: int, seed: int, initvals: dict | None,
                  seconds: float | None = None):
     """One chain; returns (result, draw times in s since the chain started, tuning flags).
 
@@ -257,7 +259,7 @@ def sample_timed(model, step, draws: int, tune: int, seed: int, initvals: dict |
     stamps: list[float] = []
     tuning: list[bool] = []
 
-    def callback(trace, draw) -> None:  # noqa: ANN001
+    def callback(trace, draw) -> None:
         stamps.append(time.perf_counter())
         tuning.append(bool(draw.tuning))
         if seconds is not None and len(stamps) > 1 and stamps[-1] - stamps[0] >= seconds:
@@ -278,7 +280,7 @@ def sample_timed(model, step, draws: int, tune: int, seed: int, initvals: dict |
     return result, times, flags
 
 
-def chain_draws(result) -> np.ndarray:  # noqa: ANN001
+def chain_draws(result) -> np.ndarray:
     return np.asarray(posterior(result)["theta"])[0]
 
 

@@ -31,12 +31,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from scipy.special import expit, ndtr  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from scipy.special import expit, ndtr
 
-from pymc_minibatch_mh import get_correction  # noqa: E402
-from pymc_minibatch_mh.core.correction import ridge_correction, shipped_sigmas  # noqa: E402
+from pymc_minibatch_mh import get_correction
+from pymc_minibatch_mh.core.correction import ridge_correction, shipped_sigmas
 
 SIGMAS = (0.8, 0.9, 1.0, 1.1)
 LAMBDAS = (100.0, 10.0, 1.0, 0.1, 0.01)

@@ -36,12 +36,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
 
-from pymc_minibatch_mh import MinibatchBarker, audit_summary  # noqa: E402
-from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker, audit_summary, mcse, posterior, sample_stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

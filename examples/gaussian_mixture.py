@@ -42,19 +42,18 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from scipy.special import gammaln  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+from scipy.special import gammaln
 
-from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.core.austere import worst_case_error  # noqa: E402
-from pymc_minibatch_mh.datasets import (  # noqa: E402
+from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker, posterior, sample_stats
+from pymc_minibatch_mh.core.austere import worst_case_error
+from pymc_minibatch_mh.datasets import (
     gaussian_mixture_data,
     gaussian_mixture_model,
     log_posterior_grid,
 )
-from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
 
 PAPER_BATCH = (182.3, 11.4)
 LABELS = {"barker": "MinibatchBarker", "austere": "AustereMH(c)", "mhsublhd": "MHSubLhd"}
@@ -117,7 +116,7 @@ def overrides(parser: argparse.ArgumentParser, text: str, default: int) -> dict[
     return values
 
 
-def make_step(method: str, args: argparse.Namespace):  # noqa: ANN201 - a step method
+def make_step(method: str, args: argparse.Namespace):
     common = dict(temperature=args.temperature, S=[args.step_sd, args.step_sd], tune=False)
     if method == "barker":
         return MinibatchBarker(batch_size=args.batch_size, sigma=args.sigma, **common)

@@ -26,14 +26,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-from scipy.special import expit  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+from scipy.special import expit
 
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker, posterior, sample_stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -52,23 +52,24 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from scipy.special import log_expit  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+from scipy.special import log_expit
 
-from pymc_minibatch_mh import (  # noqa: E402
+from pymc_minibatch_mh import (
     AustereMH,
     MHSubLhd,
     MinibatchBarker,
     TemperatureSchedule,
+    posterior,
+    sample_stats,
 )
-from pymc_minibatch_mh.datasets import (  # noqa: E402
+from pymc_minibatch_mh.datasets import (
     augmented_mnist,
     load_mnist_1_vs_7,
     mnist_logistic_model,
 )
-from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
 
 METHODS = ("barker", "austere-nc", "austere-c", "mhsublhd")
 LABELS = {"barker": "MinibatchBarker", "austere-nc": "AustereMH(nc)",
@@ -149,7 +150,7 @@ def overrides(parser: argparse.ArgumentParser, text: str, default: int) -> dict[
     return values
 
 
-def load_data(args: argparse.Namespace):  # noqa: ANN201 - MNISTOneSeven
+def load_data(args: argparse.Namespace):
     data = load_mnist_1_vs_7()
     if args.data == "100k":
         start = time.perf_counter()
@@ -162,7 +163,7 @@ def load_data(args: argparse.Namespace):  # noqa: ANN201 - MNISTOneSeven
     return data, x, y
 
 
-def make_step(method: str, args: argparse.Namespace, schedule: bool = False):  # noqa: ANN201
+def make_step(method: str, args: argparse.Namespace, schedule: bool = False):
     temperature = (TemperatureSchedule([(0, args.temperature),
                                         (args.schedule_switch, 1.0, args.schedule_factor)])
                    if schedule else args.temperature)

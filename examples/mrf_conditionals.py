@@ -36,17 +36,16 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-from scipy import special  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+from scipy import special
 
-from pymc_minibatch_mh import MinibatchGibbs, get_correction  # noqa: E402
-from pymc_minibatch_mh.core.barker import BarkerTest  # noqa: E402
-from pymc_minibatch_mh.core.gibbs import gibbs_t_test  # noqa: E402
-from pymc_minibatch_mh.core.source import ArraySource  # noqa: E402
-from pymc_minibatch_mh.model.compat import posterior  # noqa: E402
+from pymc_minibatch_mh import MinibatchGibbs, get_correction, posterior
+from pymc_minibatch_mh.core.barker import BarkerTest
+from pymc_minibatch_mh.core.gibbs import gibbs_t_test
+from pymc_minibatch_mh.core.source import ArraySource
 
 #: Appendix F.1: the observed maximum error of the conditional at ε = 0.01.
 PAPER_MAX_ERROR = {0.01: 0.01}
@@ -77,7 +76,7 @@ def mrf_model(d: int, rows: int, potential_sd: float, seed: int) -> pm.Model:
     index = np.stack([rng.permutation(d).reshape(triples, 3) for _ in range(rows)])
     log_psi = rng.normal(0.0, potential_sd, size=(rows, triples, 8))
 
-    def logp(value, x, idx, _shape):  # noqa: ANN001, ANN202
+    def logp(value, x, idx, _shape):
         x = x.reshape((-1,))  # the core parameter arrives with a batch dimension of 1
         code = 4 * x[idx[..., 0]] + 2 * x[idx[..., 1]] + x[idx[..., 2]]
         return (value * pt.eq(code[..., None], pt.arange(8))).sum(axis=(-1, -2))

@@ -30,8 +30,7 @@ import pymc as pm
 import pytensor.tensor as pt
 from scipy.special import expit
 
-from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.model.compat import posterior, sample_stats
+from pymc_minibatch_mh import MinibatchBarker, posterior, sample_stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

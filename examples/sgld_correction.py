@@ -48,15 +48,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from numpy.typing import NDArray  # noqa: E402
-from scipy.special import log_ndtr, logsumexp  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+from numpy.typing import NDArray
+from scipy.special import log_ndtr, logsumexp
 
-from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.model.compat import posterior, sample_stats  # noqa: E402
-from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal  # noqa: E402
+from pymc_minibatch_mh import AustereMH, ExactMH, MinibatchBarker, posterior, sample_stats
+from pymc_minibatch_mh.proposals.sgld import StochasticLangevinProposal
 
 #: Data used per test by AustereMH in the paper (§5.4), in % of N.
 PAPER = {"austere-0.1": 14.2, "austere-0.5": 5.0}

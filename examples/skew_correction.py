@@ -29,10 +29,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from pymc_minibatch_mh.core.calibration import barker_acceptance_error  # noqa: E402
+from pymc_minibatch_mh.core.calibration import barker_acceptance_error
 
 POPULATIONS = {
     "lognormal": lambda rng, n: rng.lognormal(0.0, 1.0, n),

@@ -27,17 +27,16 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
 
-from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.datasets import (  # noqa: E402
+from pymc_minibatch_mh import MinibatchBarker, sample_stats
+from pymc_minibatch_mh.datasets import (
     augmented_mnist,
     load_mnist_1_vs_7,
     mnist_logistic_model,
 )
-from pymc_minibatch_mh.model.compat import sample_stats  # noqa: E402
 
 #: Figure 6 (and Table 2 for 0.01) of the paper, MNIST-100k: average minibatch size.
 PAPER = {0.005: 116.1, 0.01: 216.5, 0.05: 2215.6}

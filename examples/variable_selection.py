@@ -30,13 +30,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from scipy import special  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
+from scipy import special
 
-from pymc_minibatch_mh import MinibatchGibbs  # noqa: E402
-from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats  # noqa: E402
+from pymc_minibatch_mh import MinibatchGibbs, mcse, posterior, sample_stats
 
 #: True coefficients: three clear effects, two weak ones, five zeros.
 BETA = np.array([0.3, -0.2, 0.1, 0.012, 0.008, 0.0, 0.0, 0.0, 0.0, 0.0])

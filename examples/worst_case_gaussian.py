@@ -25,12 +25,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pymc as pm
 
-from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker  # noqa: E402
-from pymc_minibatch_mh.model.compat import sample_stats  # noqa: E402
+from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker, sample_stats
 
 LEMMA_C = 0.0085
 

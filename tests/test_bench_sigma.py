@@ -1,7 +1,7 @@
-"""The settings guide's σ table is measured by benchmarks/bench_sigma.py (issue 28).
+"""The settings guide's σ table is measured by benchmarks/bench_sigma.py.
 
-The table used to give rows per step relative to σ = 1 as 1/σ², computed. The benchmark
-measures them with the exact audit; this runs it at a tiny size and checks that what it
+The table gives rows per step relative to σ = 1 as measured, not as the computed 1/σ². The
+benchmark measures them with the exact audit; this runs it at a tiny size and checks that what it
 reports is what the step did, and that the guide shows the measured column and names the
 command that measured it.
 """

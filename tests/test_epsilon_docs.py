@@ -1,8 +1,8 @@
-"""What the docs say about ``epsilon``, checked against the code that computes it (issue 28).
+"""What the docs say about ``epsilon``, checked against the code that computes it.
 
-``epsilon`` averaged above 1 on every real model tried while the audited errors were
-small; a user reading "above 1 the normal approximation is not to be trusted" could not
-tell whether to worry. The README and the stats page must say what it bounds, why it
+``epsilon`` averages above 1 on real models while the audited errors are small; a user
+reading "above 1 the normal approximation is not to be trusted" could not tell whether to
+worry. The README and the stats page must say what it bounds, why it
 exceeds 1 at small batch sizes (with figures, checked here against
 :func:`~pymc_minibatch_mh.core.moments.clt_error_bound` on exactly normal ratios) and
 which stats to read instead.
@@ -44,7 +44,7 @@ def test_epsilon_passage_says_what_to_read_instead(path):
                    "not by itself a cause for alarm" if path.endswith("stats.md")
                    else "not by themselves a cause for alarm"):
         assert needed in passage, (path, needed)
-    # The reading the issue reports as misleading is gone.
+    # The misleading reading is absent.
     assert "not to be trusted" not in passage and "not trustworthy" not in passage
 
 

@@ -1,4 +1,4 @@
-"""The penalty test (``MinibatchBarker(acceptance="penalty")``, issue 29, item 2).
+"""The penalty test (``MinibatchBarker(acceptance="penalty")``).
 
 Fast: the acceptance function satisfies detailed balance and its closed-form derivatives
 match finite differences; the decisions given Δ (all rows) and given a minibatch (Δ*, s²)

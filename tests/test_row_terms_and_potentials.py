@@ -1,4 +1,4 @@
-"""Terms whose length is the number of rows, and Potentials that use the data (issue 28).
+"""Terms whose length is the number of rows, and Potentials that use the data.
 
 Potentials are evaluated whole at every step: every refusal of one that uses the data must
 name it, say what it uses and what to do.

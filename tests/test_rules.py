@@ -209,7 +209,7 @@ def test_error_estimates_of_the_threshold_tests():
             source.start_step()
             a = austere.austere_test(rng, source, c, batch_size=b, epsilon=0.05)
             new = austere.austere_error_estimate(a, n_total)
-            # Its one home is the core function; here only what it must be (issue 28):
+            # Its one home is the core function; here only what it must be:
             # 0 at full data, NaN without rows, else a probability (of a wrong decision
             # averaged over u, every look counted: tests/test_austere_error_estimate.py).
             if a.full_data:

@@ -1,4 +1,4 @@
-"""A step with control variates follows ``pm.set_data`` (issue 28, item 4).
+"""A step with control variates follows ``pm.set_data``.
 
 After the data change (``pm.set_data``, or a changed ``data=`` store: .npy, Zarr, Parquet,
 Dask), the next chain start repeats the set-up that belongs to the data: the MAP search

@@ -99,5 +99,5 @@ fig.figimage(image)
 #   exact MH's tuned one, the variance of its minibatch estimate of :math:`\Delta` is
 #   below :math:`\sigma^2 = 1` only for large minibatches, so it reads about half of the
 #   data per step and gains little over exact MH in wall-clock time (the README's "When
-#   to use it" says the same). The paper's AustereMH needs no such bound: it trades the
+#   not to use it" says the same). The paper's AustereMH needs no such bound: it trades the
 #   data for a controlled error ε in each decision.

