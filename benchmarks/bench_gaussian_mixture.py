@@ -221,7 +221,8 @@ def main(argv=None):
     x = gaussian_mixture_data(args.n, seed=0)
     model = gaussian_mixture_model(x)
     with model:
-        step = MinibatchBarker(batch_size=50, sigma=1.0, temperature=1e4, S=[0.15, 0.15],
+        step = MinibatchBarker(control_variate=None,
+                               batch_size=50, sigma=1.0, temperature=1e4, S=[0.15, 0.15],
                                tune=False)
     noop_step = NoOpStep(model=model)
     callback = callback_seconds()

@@ -39,7 +39,8 @@ from pymc_minibatch_mh.model.compat import sample_stats
 def run_sigma(model: pm.Model, sigma: float, args: argparse.Namespace) -> dict[str, float]:
     """One σ: ``chains`` chains of ``draws`` steps with the audit; the table's row."""
     with model:
-        step = MinibatchBarker(batch_size=50, sigma=sigma, temperature=1e4, S=[0.15, 0.15],
+        step = MinibatchBarker(control_variate=None,
+                               batch_size=50, sigma=sigma, temperature=1e4, S=[0.15, 0.15],
                                tune=False, audit_every=args.audit_every)
         start = time.perf_counter()
         with warnings.catch_warnings():

@@ -166,7 +166,7 @@ def make_step(model: pm.Model, method: str, scale: float, batch_size: int,
         if method == "exact":
             return ExactMH(**common)
         if method == "barker":
-            return MinibatchBarker(batch_size=batch_size, **common)
+            return MinibatchBarker(control_variate=None, batch_size=batch_size, **common)
         return AustereMH(batch_size=batch_size, epsilon=float(method.split("-", 1)[1]),
                          **common)
 

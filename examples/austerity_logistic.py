@@ -226,7 +226,7 @@ def make_step(method: str, eps: float, args: argparse.Namespace, d: int,
     if method == "austere":
         return AustereMH(design="fixed", batch_size=args.batch_size, epsilon=eps, **walk)
     if method == "barker":
-        return MinibatchBarker(batch_size=args.batch_size, sigma=1.0, **walk)
+        return MinibatchBarker(control_variate=None, batch_size=args.batch_size, sigma=1.0, **walk)
     return MinibatchBarker(control_variate="taylor", audit_every=audit_every)
 
 

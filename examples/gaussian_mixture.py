@@ -119,7 +119,8 @@ def overrides(parser: argparse.ArgumentParser, text: str, default: int) -> dict[
 def make_step(method: str, args: argparse.Namespace):
     common = dict(temperature=args.temperature, S=[args.step_sd, args.step_sd], tune=False)
     if method == "barker":
-        return MinibatchBarker(batch_size=args.batch_size, sigma=args.sigma, **common)
+        return MinibatchBarker(control_variate=None,
+                               batch_size=args.batch_size, sigma=args.sigma, **common)
     if method == "austere":
         return AustereMH(design="fixed", batch_size=args.batch_size,
                          epsilon=args.austere_epsilon, **common)

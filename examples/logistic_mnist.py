@@ -169,7 +169,8 @@ def make_step(method: str, args: argparse.Namespace, schedule: bool = False):
                    if schedule else args.temperature)
     common = dict(temperature=temperature, S=np.full(784, args.step_sd), tune=False)
     if method == "barker":
-        return MinibatchBarker(batch_size=args.batch_size, sigma=1.0, **common)
+        return MinibatchBarker(control_variate=None,
+                               batch_size=args.batch_size, sigma=1.0, **common)
     if method == "austere-nc":
         return AustereMH(design="adaptive", error_bound=args.austere_nc_bound, **common)
     if method == "austere-c":

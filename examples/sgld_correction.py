@@ -234,7 +234,7 @@ def run_corrected(model: pm.Model, method: str, args: argparse.Namespace,
         if method == "exact":
             step = ExactMH(**common)
         elif method == "barker":
-            step = MinibatchBarker(batch_size=m, **common)
+            step = MinibatchBarker(control_variate=None, batch_size=m, **common)
         else:
             eps = float(method.split("-")[1])
             step = AustereMH(batch_size=m, epsilon=min(eps, EPSILON_HALF), **common)

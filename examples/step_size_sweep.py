@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for sd in args.step_sds:
         with model:
-            step = MinibatchBarker(batch_size=args.batch_size, temperature=args.temperature,
+            step = MinibatchBarker(control_variate=None,
+                                   batch_size=args.batch_size, temperature=args.temperature,
                                    S=np.full(x.shape[1], sd), tune=False)
             start = time.perf_counter()
             idata = pm.sample(draws=args.draws, tune=0, step=step, chains=args.trials,

@@ -254,7 +254,7 @@ class MinibatchBarker(MinibatchStep):
     >>> with pm.Model():
     ...     mu = pm.Normal("mu", 0, 10)
     ...     _ = pm.Normal("y", mu, 1, observed=y)
-    ...     step = MinibatchBarker(batch_size=100, S=[0.002], tune=False)
+    ...     step = MinibatchBarker(control_variate=None, batch_size=100, S=[0.002], tune=False)
     ...     idata = pm.sample(draws=300, tune=0, step=step, chains=1, progressbar=False,
     ...                       initvals={"mu": 1.0}, random_seed=1,
     ...                       compute_convergence_checks=False)
