@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     # The temperature at which posterior-sized steps give s ≈ 0.8 on clean rows.
     temperature = args.n * float(clean.var()) / (args.batch_size * 0.8**2)
     cases = {
-        "clean data": (clean, {}),
-        f"{args.outliers} outlier rows": (contaminated, {}),
+        "clean data": (clean, {"control_variate": None}),
+        f"{args.outliers} outlier rows": (contaminated, {"control_variate": None}),
         f"{args.outliers} outlier rows, control variates": (
             contaminated, {"control_variate": "taylor"}),
     }
