@@ -139,7 +139,7 @@ def main(argv=None):
     # ---- the same proposal without control variates (a few hundred steps)
     with model:
         plain = MinibatchBarker(
-            batch_size=args.plain_batch_size, S=cv.laplace_covariance(),
+            control_variate=None, batch_size=args.plain_batch_size, S=cv.laplace_covariance(),
             scaling=2.38 / math.sqrt(d), tune=False, check_start=False,
         )
         plain.likelihood.delta(x_hat, x_hat, np.arange(args.batch_size, dtype=np.int64),

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     for label, kwargs, draws in [
         ("with control variates", dict(step=step), args.draws),
         ("without", dict(step=MinibatchBarker(
-            batch_size=args.batch_size, S=cov, scaling=2.38 / math.sqrt(d), tune=False,
+            control_variate=None, batch_size=args.batch_size, S=cov,
+            scaling=2.38 / math.sqrt(d), tune=False,
             model=model)), args.plain_draws),
     ]:
         start = time.perf_counter()

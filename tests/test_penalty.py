@@ -142,8 +142,8 @@ def test_sigma_above_barkers_range_is_allowed_and_sets_the_tuning_target():
     with pm.Model():
         mu = pm.Normal("mu")
         pm.Normal("y", mu, 1.0, observed=np.zeros(10))
-        step = MinibatchBarker(acceptance="penalty", sigma=2.0)
-        barker = MinibatchBarker()
+        step = MinibatchBarker(acceptance="penalty", sigma=2.0, control_variate=None)
+        barker = MinibatchBarker(control_variate=None)
     assert step.tuner.target == pytest.approx(
         barker.tuner.target * penalty_probability(0.0, 2.0) / 0.5)
 
@@ -177,16 +177,18 @@ def _logistic(n=5_000, d=4, seed=2):
     return model
 
 
-def test_auto_runs_the_penalty_test_with_crank_nicolson_only():
+def test_auto_runs_the_penalty_test_with_crank_nicolson_and_surrogate_nuts_only():
     with _logistic():
         zero_config = MinibatchBarker(control_variate="taylor")
-        plain = MinibatchBarker()
+        plain = MinibatchBarker(control_variate=None)
         skewed = MinibatchBarker(control_variate="taylor", skew_correction=True)
         nuts = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
     assert zero_config.acceptance == "penalty" and zero_config.sigma == 0.5
     assert zero_config.steps_per_draw == 3  # at σ = 0.5 as with Barker's test
     assert isinstance(zero_config.correction, PenaltyCorrection)
-    for step in (plain, skewed, nuts):
+    # NUTS on the surrogate starts with the penalty test too, and keeps its nine transitions.
+    assert nuts.acceptance == "penalty" and nuts.steps_per_draw == 9
+    for step in (plain, skewed):
         assert step.acceptance == "barker" and step.sigma == 1.0
 
 

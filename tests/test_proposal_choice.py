@@ -45,7 +45,7 @@ def test_auto_picks_crank_nicolson_with_control_variates_and_random_walk_without
     model = normal_model()
     with model:
         cv = MinibatchBarker(control_variate="taylor", batch_size=50)
-        plain = MinibatchBarker(batch_size=50)
+        plain = MinibatchBarker(batch_size=50, control_variate=None)
         laplace_walk = MinibatchBarker(control_variate="taylor", S="laplace", batch_size=50)
     assert isinstance(cv.proposal, CrankNicolsonProposal)
     # Zero-config runs the penalty test with Crank–Nicolson: Barker's target 0.4 scaled by
@@ -62,7 +62,7 @@ def test_proposal_settings_are_checked():
     model = normal_model()
     with model:
         with pytest.raises(ValueError, match="needs control_variate='taylor'"):
-            MinibatchBarker(proposal="mala")
+            MinibatchBarker(proposal="mala", control_variate=None)
         with pytest.raises(ValueError, match="one of"):
             MinibatchBarker(proposal="nuts")
         with pytest.raises(ValueError, match="S sets the random walk"):
