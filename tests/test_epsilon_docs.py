@@ -20,7 +20,7 @@ from pymc_minibatch_mh.core.moments import clt_error_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSAGES = {
-    "README.md": ("The test is approximate", "## Documentation"),
+    "README.md": ("The test is approximate", "## Two commands"),
     "docs/guide/sample_stats.md": ("- **`epsilon`**", "- **`delta_variance`**"),
 }
 
