@@ -61,7 +61,7 @@ PENALTY_SIGMAS: tuple[float, ...] = (DEFAULT_PENALTY_SIGMA, 0.25, 0.1)
 PENALTY_PROPOSALS: tuple[str, ...] = ("crank_nicolson", "surrogate_nuts")
 
 #: The proposals with which ``steps_per_draw="auto"`` chooses between one transition per
-#: draw and the proposal's own number (:meth:`MinibatchBarker._steps_for`). Not NUTS on the
+#: draw and the proposal's own number, by predicted work per effective sample. Not NUTS on the
 #: surrogate: on a group scale near its boundary one of its transitions moves little (bambi
 #: ``y ~ x + (x|g)``, 4,000 rows: bulk ESS of the intercepts' scale 118 at one transition
 #: per draw against about 1,260 at nine), so it keeps its nine.
