@@ -156,7 +156,7 @@ def test_penalty_estimate_is_not_optimistic_on_a_skewed_model():
     step_sd = 1.6 * math.sqrt(b) / (n * y.std())  # as the Barker test's audit test
     with model:
         step = MinibatchBarker(batch_size=b, S=[step_sd], tune=False, audit_every=1,
-                               acceptance="penalty")
+                               acceptance="penalty", control_variate=None)
         idata = pm.sample(draws=6000, tune=0, step=step, chains=1, cores=1,
                           initvals={"lam": 1.0 / y.mean()}, **sample_kwargs(random_seed=5))
     row = audit_summary(idata).loc["all"]

@@ -137,7 +137,7 @@ def test_set_data_above_one_gibibyte(new_n):
     model = normal_mean_model(old)
     with model:
         step = MinibatchBarker(batch_size=500, temperature=new_n / 100.0, S=[0.1],
-                               check_start=False)
+                               check_start=False, control_variate=None)
     del old
     new = np.random.default_rng(3).normal(3.0, 1.0, size=new_n)
     with model:
