@@ -388,7 +388,7 @@ def _exponential_run(error_tolerance):
         lam = pm.HalfNormal("lam", 10.0)
         pm.Exponential("y", lam, observed=y)
         step = MinibatchBarker(S=[step_sd], tune=False, audit_every=1,
-                               error_tolerance=error_tolerance)
+                               error_tolerance=error_tolerance, control_variate=None)
         idata = pm.sample(draws=3000, tune=300, step=step, chains=1, cores=1,
                           initvals={"lam": 1.0 / y.mean()}, **sample_kwargs(random_seed=5))
     return step, audit_summary(idata).loc["all"]
