@@ -93,6 +93,7 @@ def compare_with_nuts(entry, df, seed: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_glm_by_hand_matches_nuts():
     entry = real_zoo.MODELS["diamonds_logprice_normal"]
     compare_with_nuts(entry, real_zoo.subset(entry.load(), 10_000, seed=1), seed=11)
