@@ -160,6 +160,7 @@ class DifferencedPasses(TaylorPasses):
             self.evaluations += 2 * self.dim * self.store.n_rows
         return result
 
+
 class _NoSecondDerivative(Exception):
     """PyTensor cannot build the second derivative (wraps its exception)."""
 
@@ -427,22 +428,25 @@ class TaylorEstimator(RatioEstimator):
         u = pt.vector("u", dtype="float64")
         v = pt.vector("v", dtype="float64")
 
+        def at_free_point() -> Any:
+            """The per-row log-likelihood at the free point ``t``."""
+            (row_loglik,) = checks_as_ninf([graphs.row_loglik])
+            return clone_replace(row_loglik, {graphs.flat: t})
+
         def directional() -> Any:
             """``g_iᵀu`` at the free point ``t``: a graph of ``t`` and ``u``."""
-            (row_loglik,) = checks_as_ninf([graphs.row_loglik])
-            return jvp(clone_replace(row_loglik, {graphs.flat: t}), t, u)
+            return jvp(at_free_point(), t, u)
 
         def derive(numerical: bool) -> tuple[list[Any], list[Any]]:
             # Directional derivatives at the free point t, in free directions u and v; θ̂,
             # δ and w are substituted afterwards (w depends on θ̂, so the derivatives must
             # not see that dependence).
-            first = directional()
+            at_t = at_free_point()
+            first = jvp(at_t, t, u)  # g_iᵀ u
             delta = x_prop - x_cur
             w = x_prop + x_cur - 2.0 * self._theta
             expansion = clone_replace(first, {t: self._theta, u: delta})
             if not numerical:
-                (row_loglik,) = checks_as_ninf([graphs.row_loglik])
-                at_t = clone_replace(row_loglik, {graphs.flat: t})
                 try:
                     second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
                 except _NO_DERIVATIVE as err:
