@@ -28,7 +28,7 @@ tail ESS and max R-hat over every scalar of every free variable (helpers of
 evaluated per draw (``batch_size`` + ``extra_evaluations``, summed over a draw's
 transitions, averaged over the kept draws).
 
-``--proposals auto,blackjax_nuts`` runs the package once per ``proposal=`` setting (rows
+``--proposals auto,crank_nicolson`` runs the package once per ``proposal=`` setting (rows
 "package" for the zero-config step and "package, <name>"), each against the same nutpie run.
 
 ``--profile`` adds a second table: where the step's construction time goes, measured from
@@ -703,7 +703,7 @@ def parse_args(argv=None):
                    help="write a cProfile of each step construction into this folder")
     p.add_argument("--proposals", default="auto",
                    help="comma-separated proposal= settings of the package's step, each run "
-                        "(default: auto, the zero-config step; e.g. auto,blackjax_nuts); "
+                        "(default: auto, the zero-config step; e.g. auto,crank_nicolson); "
                         "name:m also fixes batch_size=m (e.g. auto,auto:100), name@test "
                         "the acceptance function (e.g. auto,auto@barker)")
     p.add_argument("--chains", type=int, default=2, help="chains, one after another")

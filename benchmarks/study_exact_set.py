@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model_zoo import crossed_data, family_rng, make_model
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.estimators import predictor_taylor
+from pymc_minibatch_mh.estimators import predictor_set
 
 THRESHOLDS = (2, 5, 10, 20, 30, 50, 80, 150, 300, 1000)
 
@@ -77,10 +77,10 @@ def main(argv=None) -> None:
     level_weight = []
     for g, sl in zip(groups, index, strict=True):
         counts = np.bincount(g, minlength=sl.stop - sl.start)
-        level_weight.append(predictor_taylor.average_rows(information[sl], counts, n))
+        level_weight.append(predictor_set.average_rows(information[sl], counts, n))
         weight = np.minimum(weight, level_weight[-1][g])
     # The same expansion without an exact set: every row's residual.
-    with mock.patch.object(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0), model:
+    with mock.patch.object(predictor_set, "SHIFTED_LEVEL_ROWS", 0), model:
         bare = MinibatchBarker(control_variate="taylor",
                                reference=point_map.to_point(ref.theta, model.initial_point()))
     cv0 = bare.control_variate

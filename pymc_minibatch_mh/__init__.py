@@ -26,11 +26,11 @@ from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correc
 from pymc_minibatch_mh.diagnostics import audit_summary
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.compat import mcse, posterior, sample_stats
-from pymc_minibatch_mh.step_methods.austere import AustereMH
-from pymc_minibatch_mh.step_methods.barker import MinibatchBarker
-from pymc_minibatch_mh.step_methods.exact import ExactMH
-from pymc_minibatch_mh.step_methods.gibbs import MinibatchGibbs
-from pymc_minibatch_mh.step_methods.subsampling import MHSubLhd
+from pymc_minibatch_mh.step_methods.austere_mh import AustereMH
+from pymc_minibatch_mh.step_methods.exact_mh import ExactMH
+from pymc_minibatch_mh.step_methods.mhsublhd import MHSubLhd
+from pymc_minibatch_mh.step_methods.minibatch_barker import MinibatchBarker
+from pymc_minibatch_mh.step_methods.minibatch_gibbs import MinibatchGibbs
 from pymc_minibatch_mh.store.sources import ParquetColumn
 from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
 

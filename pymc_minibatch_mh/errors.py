@@ -12,12 +12,17 @@ __all__ = [
     "DataChangedError",
     "DataStoreError",
     "ModelNotSupportedError",
+    "StartPointError",
     "compared",
 ]
 
 
 class ModelNotSupportedError(ValueError):
     """The model cannot be sampled by a minibatch step; the message says why and what to do."""
+
+
+class StartPointError(ModelNotSupportedError):
+    """The log-probability is not finite at the start point: the initial values or the data."""
 
 
 class DataStoreError(ModelNotSupportedError):

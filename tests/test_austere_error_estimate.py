@@ -24,12 +24,8 @@ from scipy import special
 
 from pymc_minibatch_mh import AustereMH, MHSubLhd, audit_summary
 from pymc_minibatch_mh.core import austere, subsampling
-from pymc_minibatch_mh.core.austere_error import (
-    averaged_error,
-    averaged_error_bound,
-    batch_schedule,
-    z_bound,
-)
+from pymc_minibatch_mh.core.austere_error import batch_schedule, z_bound
+from pymc_minibatch_mh.core.austere_step_error import averaged_error, averaged_error_bound
 from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.model.compat import sample_stats
 

@@ -23,13 +23,14 @@ from pymc_minibatch_mh.core.batch_budget import (
     AUTO_START_ROWS,
     BUDGET_CONFIDENCE,
     DEFAULT_ERROR_TOLERANCE,
+    MEASURE_FIRST,
     MIN_RECORDS,
     MIN_ROWS,
     choose_rows,
     predicted_error,
 )
 from pymc_minibatch_mh.model.compat import group, sample_stats
-from pymc_minibatch_mh.step_methods import barker
+from pymc_minibatch_mh.step_methods import minibatch_barker as barker_module
 
 
 def _records(count=400, seed=0, spread=1e-6, skew=2.0):
@@ -286,8 +287,8 @@ def test_the_pilot_measures_once_for_every_chain_and_they_choose_from_their_star
     model = _logistic_model()
     with model:
         fresh = MinibatchBarker(control_variate="taylor")
-    assert fresh.pilot_records == len(fresh._budget) == barker.MEASURE_FIRST
-    assert 0 < fresh.pilot_rows <= barker.MEASURE_FIRST * 2 * AUTO_START_ROWS
+    assert fresh.pilot_records == len(fresh._budget) == MEASURE_FIRST
+    assert 0 < fresh.pilot_rows <= MEASURE_FIRST * 2 * AUTO_START_ROWS
     step, stats, warmup = _pilot_runs(model, tune=400, draws=20)
     assert step.pilot_rows == fresh.pilot_rows  # measured once, at the set-up
     rows = np.asarray(warmup["rows_per_round"])  # (chain, draw)
@@ -304,7 +305,7 @@ def test_the_pilot_measures_once_for_every_chain_and_they_choose_from_their_star
             assert between.sum() >= 6_400 > between.sum() - between[-1]
     # The last chain's records and the pilot's; the choice keeps the latest half, at
     # least 50.
-    assert len(step._budget) == barker.MEASURE_FIRST + measured.size
+    assert len(step._budget) == MEASURE_FIRST + measured.size
     assert step.rows_choice.records == MIN_RECORDS
     # No tuning: the pilot's choice, not the start's 100.
     with warnings.catch_warnings():
@@ -323,7 +324,7 @@ def test_a_pilot_whose_moves_read_every_row_leaves_the_measuring_to_the_chain():
     assert step.proposal.name == "crank_nicolson" and step.pilot_rows > 0
     assert step.pilot_records == 0
     step, stats, warmup = _pilot_runs(model, draws=10, tune=10)
-    assert step._measure_first == barker.MEASURE_FIRST
+    assert step._measure_first == MEASURE_FIRST
     assert np.all(np.asarray(warmup["rows_per_round"]) == 60)
 
 
@@ -357,7 +358,7 @@ def test_the_pilots_moves_start_from_draws_of_the_laplace_fit(monkeypatch):
 
 def test_a_default_budget_that_100_rows_miss_warns_with_the_rows_it_would_take(monkeypatch):
     # The default budget at 2e-6: the tight budget above, where m must exceed 100.
-    monkeypatch.setattr(barker, "DEFAULT_ERROR_TOLERANCE", 2e-6)
+    monkeypatch.setattr(barker_module, "DEFAULT_ERROR_TOLERANCE", 2e-6)
     with pytest.warns(RuntimeWarning, match="keeps 100 rows per round, the most") as caught:
         step, stats = _run(_logistic_model(), chains=2)
     assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)

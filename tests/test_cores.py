@@ -1,9 +1,9 @@
 """``cores=1`` and ``cores=2`` give identical draws with the same ``random_seed``.
 
 Every proposal: the random walk, Crank–Nicolson, MALA, HMC, the surrogate transition,
-surrogate NUTS, PyMC's and blackjax's (the last six with Taylor control variates) and
-minibatch-gradient SGLD; and ``batch_size="auto"``, whose rows per round each chain
-chooses at the end of its tuning.
+surrogate NUTS (the last five with Taylor control variates) and minibatch-gradient SGLD;
+and ``batch_size="auto"``, whose rows per round each chain chooses at the end of its
+tuning.
 Each run builds its own model and step (50 tuning draws, 50 draws, 2 chains); the
 draws and the ``accepted`` and ``batch_size`` stats must be equal element by element.
 """
@@ -34,9 +34,6 @@ SETTINGS = {
     "hmc": dict(proposal="hmc", control_variate="taylor"),
     "surrogate_transition": dict(proposal="surrogate_transition", control_variate="taylor"),
     "surrogate_nuts": dict(proposal="surrogate_nuts", control_variate="taylor"),
-    # JAX runs in this process before the cores=2 run: its workers are spawned, not forked.
-    "blackjax_nuts": dict(proposal="blackjax_nuts", control_variate="taylor",
-                          mp_ctx="spawn"),
     "sgld": dict(proposal=_sgld, scaling=1e-3),
     # m sized by the error budget at the end of each chain's tuning.
     "auto_rows": dict(batch_size="auto", control_variate="taylor"),
@@ -44,8 +41,6 @@ SETTINGS = {
 
 
 def _draws(settings, cores):
-    settings = dict(settings)
-    sample_kwargs = {"mp_ctx": settings.pop("mp_ctx")} if "mp_ctx" in settings else {}
     with pm.Model(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         mu = pm.Normal("mu", 0.0, 10.0)
@@ -53,14 +48,14 @@ def _draws(settings, cores):
         step = MinibatchBarker(**{"batch_size": 50, **settings})
         idata = pm.sample(draws=50, tune=50, step=step, chains=2, cores=cores,
                           random_seed=11, progressbar=False,
-                          compute_convergence_checks=False, **sample_kwargs)
+                          compute_convergence_checks=False)
     stats = sample_stats(idata)
     return (np.asarray(posterior(idata)["mu"]), np.asarray(stats["accepted"]),
             np.asarray(stats["batch_size"]))
 
 
 #: Slowest (40 s and 30 s on two shared cores): in the slow suite.
-SLOW = {"surrogate_nuts", "surrogate_transition", "blackjax_nuts"}
+SLOW = {"surrogate_nuts", "surrogate_transition"}
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 from pymc_minibatch_mh.model import function_cache
 from pymc_minibatch_mh.model.checks import validate_split
-from pymc_minibatch_mh.model.internals import object_mode_ops
+from pymc_minibatch_mh.model.compilation import object_mode_ops
 
 
 def test_a_scalar_op_numba_cannot_be_asked_about_is_said(monkeypatch):

@@ -395,7 +395,7 @@ def test_a_dask_array_whose_files_change_gives_its_rows_or_is_refused(change, pe
 def test_the_stream_thread_ends_when_idle_and_resumes_the_same_rows():
     """A chain that stops taking rows (it ended, or was interrupted) leaves no thread; the
     stream resumes where it stopped, so the rows are those of a stream that never paused."""
-    from pymc_minibatch_mh.store.dask_store import StreamBuffer
+    from pymc_minibatch_mh.store.row_stream import StreamBuffer
 
     def fetch(idx):
         return (idx.astype(float),)

@@ -25,7 +25,7 @@ from conftest import sample_kwargs
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model import function_cache
 from pymc_minibatch_mh.model.compat import posterior
-from pymc_minibatch_mh.model.internals import compile_derived, compile_function
+from pymc_minibatch_mh.model.compilation import compile_derived, compile_function
 
 GRAPH = """
 import numpy as np, pytensor, pytensor.tensor as pt

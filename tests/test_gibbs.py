@@ -24,8 +24,8 @@ from pymc_minibatch_mh.core.gibbs import gibbs_t_test, logit_threshold, propose_
 from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
-from pymc_minibatch_mh.step_methods.gibbs import MinibatchGibbsState
-from pymc_minibatch_mh.transition.step import MinibatchStepBase
+from pymc_minibatch_mh.step_methods.minibatch_gibbs import MinibatchGibbsState
+from pymc_minibatch_mh.transition.step_base import MinibatchStepBase
 
 FAST = dict(mode="FAST_COMPILE")
 

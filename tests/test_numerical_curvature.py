@@ -20,7 +20,7 @@ from pytensor.graph.utils import MethodNotDefined
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.estimators import taylor as cv_module
-from pymc_minibatch_mh.estimators.taylor import DIFFERENCE_STEP, DifferencedPasses
+from pymc_minibatch_mh.estimators.differenced import DIFFERENCE_STEP, DifferencedPasses
 from pymc_minibatch_mh.model.compat import mcse, posterior
 
 EPS = float(np.finfo(np.float64).eps)

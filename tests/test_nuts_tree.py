@@ -135,6 +135,8 @@ def test_surrogate_nuts_uses_the_compiled_tree_and_pickles():
         step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
     proposal = step.proposal
     assert proposal.compiled_tree
+    # a subclass of PyMC's NUTS overrides the trajectory; the instance's methods are PyMC's
+    assert isinstance(proposal.nuts, NUTS) and "_hamiltonian_step" not in vars(proposal.nuts)
     proposal.start_chain(np.random.default_rng(3))
     state = proposal.init(proposal.surrogate.theta_hat + 0.1)
     copied = cloudpickle.loads(cloudpickle.dumps(proposal))  # as pm.sample's processes

@@ -23,8 +23,9 @@ from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.estimators import predictor_passes as predictor_passes_module
 from pymc_minibatch_mh.estimators import reference as reference_module
+from pymc_minibatch_mh.estimators.full_passes import add_chunks
 from pymc_minibatch_mh.estimators.predictor_passes import PredictorPasses
-from pymc_minibatch_mh.estimators.reference import TaylorPasses, add_chunks
+from pymc_minibatch_mh.estimators.reference import TaylorPasses
 from pymc_minibatch_mh.model.compat import posterior
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 

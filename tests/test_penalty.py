@@ -194,7 +194,8 @@ def test_auto_runs_the_penalty_test_with_crank_nicolson_and_surrogate_nuts_only(
 
 def _option(sigma, rows, error, within, steps=1, per_round=None, rho=0.0):
     from pymc_minibatch_mh.core.batch_budget import RowsChoice
-    from pymc_minibatch_mh.step_methods.barker import AcceptanceOption, barker_correction
+    from pymc_minibatch_mh.step_methods.auto_choices import AcceptanceOption
+    from pymc_minibatch_mh.step_methods.barker_checks import barker_correction
 
     choice = RowsChoice(per_round or rows, error, float(rows), within, 50, 1.0)
     if sigma is None:
@@ -203,7 +204,7 @@ def _option(sigma, rows, error, within, steps=1, per_round=None, rho=0.0):
 
 
 def test_choose_test():
-    from pymc_minibatch_mh.step_methods.barker import choose_test, perfect_accept
+    from pymc_minibatch_mh.step_methods.auto_choices import choose_test, perfect_accept
 
     # All within the budget: the least work per effective sample. With a few rows the
     # smallest σ wins (0.96 of perfect proposals accepted); Barker's test at 3 per draw
@@ -311,7 +312,7 @@ def test_auto_chooses_the_penalty_tests_sigma_and_says_which():
     with control variates the residuals are small, and σ = 0.1 accepts about 0.96 of a
     near-perfect proposal (σ = 0.5 at most 0.80, so an acceptance rate above 0.85 fails
     without the choice); the test_sigma stat is the σ each draw's test used."""
-    from pymc_minibatch_mh.step_methods.barker import PENALTY_SIGMAS
+    from pymc_minibatch_mh.step_methods.auto_choices import PENALTY_SIGMAS
 
     with _logistic(n=20_000):
         step = MinibatchBarker(control_variate="taylor")

@@ -1,4 +1,4 @@
-"""Surrogate transitions and surrogate NUTS (PyMC's and blackjax's) are exact proposals when π̃ ≠ π.
+"""Surrogate transitions and surrogate NUTS are exact proposals when π̃ ≠ π.
 
 A Poisson model with a log link, N = 4 counts (0, 0, 0, 1) and θ ~ N(0, 2²) has a
 skewed posterior π (mean −1.41, sd 0.87), computed by quadrature on a grid; the Taylor
@@ -24,7 +24,7 @@ from scipy import stats
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model.compat import default_mode, posterior
-from pymc_minibatch_mh.model.internals import uses_numba
+from pymc_minibatch_mh.model.compilation import uses_numba
 from pymc_minibatch_mh.proposals import nuts as nuts_module
 
 Y = np.array([0, 0, 0, 1])
@@ -74,7 +74,7 @@ def poisson_model():
             pytest.param("flipped", marks=[pytest.mark.slow, pytest.mark.newest_line])],
 )
 @pytest.mark.parametrize("proposal", ["surrogate_transition", "surrogate_nuts",
-                                      "surrogate_nuts_whitened", "blackjax_nuts"])
+                                      "surrogate_nuts_whitened"])
 def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how, monkeypatch):
     if proposal == "surrogate_nuts_whitened":  # NUTS in the Laplace fit's whitened coordinates
         monkeypatch.setattr(nuts_module, "DENSE_MASS_MAX_DIM", 0)

@@ -1,4 +1,5 @@
-"""The facts about PyTensor's and PyMC's internals that ``model/internals.py`` relies on.
+"""The facts about PyTensor's and PyMC's internals that ``model/internals.py`` and
+``model/compilation.py`` rely on.
 
 If an upgrade of PyTensor or PyMC changes any of them, these tests fail loudly (instead of
 the step giving silently wrong numbers), one test per fact:
@@ -37,8 +38,9 @@ import pytest
 from pytensor.compile.mode import Mode
 from pytensor.graph.traversal import ancestors
 
-from pymc_minibatch_mh.model import internals
+from pymc_minibatch_mh.model import compilation, special_functions
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS, start_inner_chain
+from pymc_minibatch_mh.model.compilation import C_MODE, compile_function, object_mode_ops
 from pymc_minibatch_mh.model.graph import (
     BatchedProducts,
     UpcastDot,
@@ -48,19 +50,16 @@ from pymc_minibatch_mh.model.graph import (
     reference_graph,
 )
 from pymc_minibatch_mh.model.internals import (
-    C_MODE,
     MINIBATCH_OPS,
     DirectCall,
     PyMCStepHooks,
     adaptation_window,
-    compile_function,
     direct_call,
     explicit_inputs_first,
     full_adapt_potential,
     is_ninf_check,
     jitted_parts,
     nuts_density,
-    object_mode_ops,
     set_adaptation_window,
     set_nuts_density,
     set_step_tuning,
@@ -351,7 +350,7 @@ def test_no_function_runs_in_numba_object_mode(monkeypatch):
     assert ops == ["polygamma"] and modes == [C_MODE]
     np.testing.assert_allclose(fn(values), polygamma(3, values), rtol=1e-7)
     # An op the scan does not see is still caught by the build's warnings (two builds).
-    monkeypatch.setattr(internals, "object_mode_ops", lambda outputs: [])
+    monkeypatch.setattr(compilation, "object_mode_ops", lambda outputs: [])
     modes.clear()
     fn, ops = compile_function([x], hessian, "NUMBA")
     assert ops == ["polygamma"] and modes == ["NUMBA", C_MODE]
@@ -389,7 +388,8 @@ def test_digamma_and_trigamma_run_in_numba_and_agree_with_scipy_and_c(monkeypatc
     assert ops == [] and "Numba" in type(numba_fn.maker.linker).__name__
     swapped = [type(n.op.scalar_op) for n in numba_fn.maker.fgraph.toposort()
                if hasattr(n.op, "scalar_op")]
-    assert swapped == [internals.CephesPsi if name == "psi" else internals.AS121TriGamma]
+    assert swapped == [special_functions.CephesPsi if name == "psi"
+                       else special_functions.AS121TriGamma]
     assert type(out.owner.op.scalar_op).__name__ in ("Psi", "TriGamma")  # not changed
     got = numba_fn(values)
     c_fn, _ = compile_function([x], out, C_MODE)

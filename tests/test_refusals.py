@@ -21,7 +21,7 @@ from conftest import sample_kwargs
 
 from pymc_minibatch_mh import MinibatchBarker, get_correction
 from pymc_minibatch_mh.core.correction import LOGISTIC_SD
-from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.errors import ModelNotSupportedError, StartPointError
 from pymc_minibatch_mh.model.compat import posterior, sample_stats
 
 FAST = dict(mode="FAST_COMPILE")
@@ -308,9 +308,21 @@ def test_prior_minus_inf_at_given_initvals():
         mu = pm.Normal("mu")
         pm.Potential("positive", pt.switch(mu > 0, 0.0, -np.inf))
         pm.Normal("y", mu, 1, observed=np.ones(100))
-        step = build()
+        step = build(control_variate=None)
         with pytest.raises(ModelNotSupportedError, match=r"prior log-probability.*-inf.*initvals"):
             sample(step, initvals={"mu": -1.0})
+
+
+def test_a_set_up_that_cannot_start_says_where_to_give_its_start():
+    """The MAP search starts at the model's initial point, before pm.sample's initvals."""
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Potential("positive", pt.switch(mu > 0, 0.0, -np.inf))
+        pm.Normal("y", mu, 1, observed=np.ones(100))
+        with pytest.raises(StartPointError, match=r"-inf.*before pm.sample's initvals"):
+            build()
+        step = build(initial_point={"mu": np.array(1.0)})
+        assert step.control_variate is not None
 
 
 def test_initval_outside_support_of_bounded_variable():

@@ -1,8 +1,9 @@
 """Each rule of the core has one home, and the callers get the home's numbers.
 
-The rules: the finite-population variance ``s²`` of Δ*, the minibatch growth factor,
-Barker's ``g`` and the exact decisions, the ``batch_size`` check, the per-step error
-estimates of the threshold tests, and the correction table's error.
+The rules: the finite-population variance ``s²`` of Δ* (and its factor
+``1 − (n − 1)/(N − 1)``), the minibatch growth factor, Barker's ``g`` and the exact
+decisions, the ``batch_size`` check, the per-step error estimates of the threshold tests,
+the correction table's error, and the second-order Taylor form of the control variates.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import pytest
 from scipy import special
 
 from pymc_minibatch_mh import AustereMH, MHSubLhd, MinibatchBarker, MinibatchGibbs
-from pymc_minibatch_mh.core import austere, barker, common, exact, subsampling
+from pymc_minibatch_mh.core import austere, barker, calibration, common, exact, subsampling
 from pymc_minibatch_mh.core.acceptance_error import threshold_error_estimate
+from pymc_minibatch_mh.core.control_variate import second_order
 from pymc_minibatch_mh.core.correction import get_correction
 from pymc_minibatch_mh.core.logistic import (
     barker_accepts,
@@ -32,6 +34,7 @@ from pymc_minibatch_mh.core.moments import (
 )
 from pymc_minibatch_mh.core.source import ArraySource
 from pymc_minibatch_mh.estimators import ratio
+from pymc_minibatch_mh.estimators.expansion import bilinear, inner
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pymc_minibatch_mh"
 
@@ -61,6 +64,105 @@ def test_each_rule_is_written_once():
     assert ratio.GROWTH_FACTOR is barker.GROWTH_FACTOR == 1.15
 
 
+def _functions(tree):
+    """``(function name, node)`` for every node inside a function (the innermost one)."""
+    def visit(node, name):
+        for child in ast.iter_child_nodes(node):
+            inner_name = child.name if isinstance(child, ast.FunctionDef) else name
+            yield inner_name, child
+            yield from visit(child, inner_name)
+
+    yield from visit(tree, None)
+
+
+def _factors(node):
+    """The factors of a product or quotient (signs dropped)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult | ast.Div):
+        return _factors(node.left) + _factors(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _factors(node.operand)
+    return [node]
+
+
+def _is_half(node):
+    return isinstance(node, ast.Constant) and node.value == 0.5
+
+
+def _halves_added(node):
+    """Whether ``node`` adds or subtracts a term with the factor ½, or chooses ½ as one.
+
+    The shape of the Taylor form's ``½ aᵀHb`` joined to the other terms; a symmetrisation
+    ``½ (H + Hᵀ)`` or an interpolation weight is not joined to anything.
+    """
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        return any(_is_half(f) for side in (node.left, node.right) for f in _factors(side))
+    if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add | ast.Sub):
+        return any(_is_half(f) for f in _factors(node.value))
+    if isinstance(node, ast.IfExp):
+        return _is_half(node.body) or _is_half(node.orelse)
+    return False
+
+
+def _is_population_minus(node):
+    """``n_total − x`` with ``x`` not a constant: the rows not drawn, N − n."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+            and not isinstance(node.right, ast.Constant)
+            and (isinstance(node.left, ast.Name) and node.left.id == "n_total"
+                 or isinstance(node.left, ast.Attribute) and node.left.attr == "n_total"))
+
+
+def _is_minus_one(node):
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+            and isinstance(node.right, ast.Constant) and node.right.value == 1)
+
+
+def _finite_population_form(node):
+    """``(n − 1)/(N − 1)``, or ``N − n`` as a factor of a product or quotient."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult | ast.Div)):
+        return False
+    if isinstance(node.op, ast.Div) and _is_minus_one(node.left) and _is_minus_one(node.right):
+        return True
+    return _is_population_minus(node.left) or _is_population_minus(node.right)
+
+
+def test_taylor_form_and_finite_population_factor_are_written_once():
+    """The second-order form ``v + gᵀa + ½ aᵀHb`` is evaluated by ``second_order`` alone
+    (the core's, which the estimators' per-row expansions and the core's closed-form sums
+    both call); the factor ``1 − (n − 1)/(N − 1)`` is written
+    in ``core/moments.py`` only (the third cumulant's own factor
+    ``(N − n)(N − 2n)/((N − 1)(N − 2))`` is another rule)."""
+    taylor, population, definitions = set(), set(), []
+    for name, tree in package_trees():
+        for function, node in _functions(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "second_order":
+                definitions.append(name)
+            if (name.startswith("estimators/") or name == "core/control_variate.py") \
+                    and _halves_added(node):
+                taylor.add((name, function))
+            if _finite_population_form(node):
+                population.add((name, function))
+    assert definitions == ["core/control_variate.py"]
+    assert taylor == {("core/control_variate.py", "second_order")}
+    assert ("core/moments.py", "finite_population_factor") in population
+    assert {hit for hit in population if hit[0] != "core/moments.py"} == {
+        ("core/acceptance_error.py", "third_cumulant")}
+
+
+def test_the_taylor_form_is_one_expression():
+    """``second_order``, ``inner`` and ``bilinear`` give the expansion's numbers."""
+    rng = np.random.default_rng(4)
+    g, a, b = rng.normal(size=3), rng.normal(size=3), rng.normal(size=3)
+    h = rng.normal(size=(3, 3))
+    h = h + h.T
+    h[0, 2] = h[2, 0] = 0.0  # a zero entry is left out
+    entries = [(j, k, h[j, k]) for j in range(3) for k in range(j, 3) if h[j, k] != 0.0]
+    assert inner(g, a) == pytest.approx(g @ a, rel=1e-14)
+    assert bilinear(entries, a, b) == pytest.approx(a @ h @ b, rel=1e-12)
+    assert second_order(g @ a, a @ h @ b, value=1.5) == pytest.approx(
+        1.5 + g @ a + 0.5 * a @ h @ b, rel=1e-14)
+    assert second_order(g @ a, a @ h @ b) == pytest.approx(g @ a + 0.5 * a @ h @ b, rel=1e-14)
+
+
 # --------------------------------------------------------------- s² of Δ* (rule 1)
 @pytest.mark.parametrize(("b", "n_total"), [(2, 3), (10, 50), (49, 50), (50, 50), (7, 10**6)])
 def test_delta_star_variance_is_the_formula_of_the_notes(b, n_total):
@@ -72,6 +174,32 @@ def test_delta_star_variance_is_the_formula_of_the_notes(b, n_total):
     assert finite_population_factor(b, n_total) == 1 - (b - 1) / (n_total - 1)
     assert delta_star_variance(m2, 1, n_total) == math.inf
     assert delta_star_variance(m2, n_total, n_total) == 0.0
+
+
+@pytest.mark.parametrize(("b", "n_total"), [(1, 2), (2, 2), (3, 10), (50, 1000), (100, 10**6)])
+def test_calibration_uses_the_finite_population_factor(b, n_total):
+    """The mean of the calibration's control ``e₁²``, ``N S² (N − b)/b`` with ``S²`` the
+    population's variance (divisor N − 1), is ``N² σ²/b`` times the home's factor."""
+    population = np.random.default_rng(b).lognormal(size=n_total)
+    factor = finite_population_factor(b, n_total)
+    expected = n_total * population.var(ddof=1) * (n_total - b) / b
+    assert n_total**2 * population.var() / b * factor == pytest.approx(expected, rel=1e-12,
+                                                                        abs=0)
+
+
+def test_calibration_calls_the_home(monkeypatch):
+    """The calibration's ``e₁²`` control takes its factor from ``finite_population_factor``."""
+    calls = []
+
+    def recorded(n, big_n):
+        calls.append((n, big_n))
+        return finite_population_factor(n, big_n)
+
+    monkeypatch.setattr(calibration, "finite_population_factor", recorded)
+    values = np.random.default_rng(0).normal(0.0, 0.01, size=60)
+    calibration.barker_acceptance_error(values, [0.0], batch_size=10, replications=5,
+                                        rng=np.random.default_rng(1))
+    assert calls == [(10, 60)]
 
 
 class RecordingSource(ArraySource):

@@ -1,5 +1,5 @@
 """The set of the per-row-quantity control variates: rows of the levels with little
-information, expanded around their level's own shift (``estimators/predictor_taylor.py``,
+information, expanded around their level's own shift (``estimators/predictor_set.py``,
 ``estimators/predictor_shift.py``).
 
 On crossed random intercepts whose second factor has levels down to one row, the
@@ -19,8 +19,8 @@ import pytest
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.estimators import predictor_taylor
-from pymc_minibatch_mh.estimators.predictor_taylor import SHIFTED_LEVEL_ROWS, SHIFTED_ROWS_MAX_SHARE
+from pymc_minibatch_mh.estimators import predictor_set
+from pymc_minibatch_mh.estimators.predictor_set import SHIFTED_LEVEL_ROWS, SHIFTED_ROWS_MAX_SHARE
 from pymc_minibatch_mh.model.compat import group
 
 N = 3000
@@ -110,8 +110,8 @@ def test_a_level_is_chosen_by_its_information_not_its_rows():
     # The sparse level's information, in average rows, is below the threshold.
     slices = [sl for t, sl in zip(cv.analysis.terms, cv.analysis.slices, strict=True)
               if t.kind == "index"]
-    weights = predictor_taylor.average_rows(-np.diag(cv.reference.coef_hessian)[slices[0]],
-                                            np.bincount(g), n)
+    weights = predictor_set.average_rows(-np.diag(cv.reference.coef_hessian)[slices[0]],
+                                         np.bincount(g), n)
     assert weights[10] < 0.5 * SHIFTED_LEVEL_ROWS < SHIFTED_LEVEL_ROWS < weights[11]
 
 
@@ -139,7 +139,7 @@ def around_hat():
     """The same model's expansion with every row expanded around θ̂ (no set)."""
     model, _ = crossed_model()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0)
+        patch.setattr(predictor_set, "SHIFTED_LEVEL_ROWS", 0)
         with model:
             step = MinibatchBarker(control_variate="taylor")
     assert step.control_variate.set_rows == 0
@@ -226,7 +226,7 @@ def test_the_set_follows_a_new_reference_point(crossed):
 def test_without_small_levels_there_is_no_set(monkeypatch):
     # A level has some information (the logistic log-likelihood is strictly concave), so
     # none has less than 0 average rows.
-    monkeypatch.setattr(predictor_taylor, "SHIFTED_LEVEL_ROWS", 0)
+    monkeypatch.setattr(predictor_set, "SHIFTED_LEVEL_ROWS", 0)
     model, _ = crossed_model()
     with model:
         step = MinibatchBarker(control_variate="taylor")
@@ -317,10 +317,10 @@ def test_a_level_s_grid_stays_inside_the_quantity_s_support():
         step = MinibatchBarker(control_variate="taylor", proposal="mala")
     cv = step.control_variate
     assert cv.name == "taylor_predictor" and cv.set_rows > 0
-    own = cv._tables.own.get_value()
-    spacing = cv._tables.spacing.get_value()
-    assert np.any(spacing < cv._spacing(own))  # narrowed
-    tables = (cv._tables.loglik.get_value(), cv._tables.gradient.get_value())
+    own = cv.shifted_set.tables.own.get_value()
+    spacing = cv.shifted_set.tables.spacing.get_value()
+    assert np.any(spacing < cv.shifted_set.spacing(own, cv.reference))  # narrowed
+    tables = (cv.shifted_set.tables.loglik.get_value(), cv.shifted_set.tables.gradient.get_value())
     assert all(np.all(np.isfinite(t)) for t in tables)
     _assert_exact_at_two_pairs(step)
 

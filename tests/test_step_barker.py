@@ -225,9 +225,11 @@ def test_error_nonfinite_start():
         mu = pm.Normal("mu")
         s = pm.HalfNormal("s")
         pm.Uniform("y", mu - s, mu + s, observed=np.linspace(-3, 3, 100))
-        step = MinibatchBarker(batch_size=10, tune=False)
+        step = MinibatchBarker(control_variate=None, batch_size=10, tune=False)
         with pytest.raises(ModelNotSupportedError, match="not finite at the start point"):
             pm.sample(draws=10, tune=0, step=step, chains=1, **sample_kwargs())
+        with pytest.raises(ModelNotSupportedError, match="not finite at the start point"):
+            MinibatchBarker(batch_size=10, tune=False)  # the set-up's MAP search starts there
 
 
 def test_error_not_split_by_rows():

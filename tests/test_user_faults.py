@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pymc as pm
@@ -21,7 +22,12 @@ from conftest import sample_kwargs
 from test_out_of_core import store_of
 
 from pymc_minibatch_mh import MinibatchBarker
-from pymc_minibatch_mh.errors import DataStoreError, ModelNotSupportedError, compared
+from pymc_minibatch_mh.errors import (
+    DataStoreError,
+    ModelNotSupportedError,
+    StartPointError,
+    compared,
+)
 from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.progress import note, setup_progress
@@ -196,3 +202,17 @@ def test_the_setup_phases_reach_standard_error_that_is_not_a_terminal():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert "MinibatchBarker set-up: compiling the per-row likelihood" in out.stderr
+
+
+def test_a_row_without_likelihood_at_the_start_is_refused_not_worked_around():
+    """With ``control_variate="auto"`` a data fault is raised, not a fallback warning."""
+    y = np.random.default_rng(0).exponential(1.0, size=2_000)
+    y[10] = -1.0
+    with pm.Model():
+        lam = pm.HalfNormal("lam", 2)
+        pm.Exponential("y", lam, observed=y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(StartPointError, match="row 10"):
+                MinibatchBarker()
+    assert not [w for w in caught if "control variates do not apply" in str(w.message)]

@@ -4,7 +4,8 @@
   its rows per round sized by an error budget in :mod:`~pymc_minibatch_mh.core.batch_budget`;
 - :mod:`~pymc_minibatch_mh.core.austere`: AustereMH's sequential t-test (Korattikara et
   al. 2014), with its error analysis in :mod:`~pymc_minibatch_mh.core.austere_error` and
-  its designs in :mod:`~pymc_minibatch_mh.core.austere_design`;
+  :mod:`~pymc_minibatch_mh.core.austere_step_error`, its designs in
+  :mod:`~pymc_minibatch_mh.core.austere_design`;
 - :mod:`~pymc_minibatch_mh.core.subsampling`: MHSubLhd's adaptive subsampling test
   (Bardenet et al. 2014);
 - :mod:`~pymc_minibatch_mh.core.exact`: the exact full-data Metropolis and Barker tests;

@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike, NDArray
 from pymc_minibatch_mh.core.barker import BarkerTest
 from pymc_minibatch_mh.core.correction import CorrectionDistribution, get_correction
 from pymc_minibatch_mh.core.logistic import barker_probability
+from pymc_minibatch_mh.core.moments import finite_population_factor
 from pymc_minibatch_mh.core.skew import acceptance_probability
 from pymc_minibatch_mh.core.source import ArraySource
 
@@ -138,9 +139,10 @@ def barker_acceptance_error(
         out[r] = (o.delta_star - total, variance, o.skew, o.skew_fallback, o.batch_size,
                   n_total * source.first_mean - total)
     error, kappa, e1 = out[:, 0], skew_sign * out[:, 2], out[:, 5]
-    # Control variates: e₁ (mean 0) and e₁² (mean N² S² (N − b) / (N b), S² the variance).
+    # Control variates: e₁ (mean 0) and e₁² (mean the variance of N times a mean of b rows
+    # drawn without replacement, N² σ²/b · (1 − (b − 1)/(N − 1)), σ² the population's).
     b = min(batch_size, n_total)
-    first_variance = n_total * np.var(population, ddof=1) * (n_total - b) / b
+    first_variance = n_total**2 * np.var(population) / b * finite_population_factor(b, n_total)
     controls = np.column_stack([e1, e1 * e1 - first_variance])
     centred = controls - controls.mean(axis=0)
     estimates, standard_errors = [], []

@@ -50,7 +50,41 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["TaylorReference", "expansion_difference", "expansion_gradient", "newton_decrement"]
+__all__ = [
+    "TaylorReference",
+    "expansion_difference",
+    "expansion_gradient",
+    "newton_decrement",
+    "second_order",
+]
+
+
+def second_order(slope: Any, curvature: Any, value: Any = None) -> Any:
+    """``value + slope + ½ curvature``: a second-order expansion from its terms.
+
+    Parameters
+    ----------
+    slope : array_like or tensor
+        The first-order term ``gᵀa`` (per row, or summed).
+    curvature : array_like or tensor
+        The second-order term ``aᵀHb`` without its factor ½.
+    value : array_like or tensor, optional
+        The expansion's value at its centre; default: none (the expansion's change).
+
+    Returns
+    -------
+    array_like or tensor
+        ``slope + ½ curvature``, plus ``value`` when given.
+
+    Examples
+    --------
+    >>> second_order(1.0, -2.0), second_order(1.0, -2.0, value=3.0)
+    (0.0, 3.0)
+
+    """
+    change = slope + 0.5 * curvature
+    return change if value is None else value + change
+
 
 
 def expansion_difference(
@@ -90,7 +124,7 @@ def expansion_difference(
     """
     delta = x_prop - x_cur
     w = x_prop + x_cur - 2.0 * centre
-    return dot(gradient, delta) + 0.5 * dot(delta, dot(hessian, w))
+    return second_order(dot(gradient, delta), dot(delta, dot(hessian, w)))
 
 
 def expansion_gradient(

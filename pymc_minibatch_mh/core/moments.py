@@ -243,10 +243,8 @@ def mean_variance(m2: float, n: int, n_total: int) -> float:
     ----------
     m2 : float
         Sum of squared deviations of the ``n`` values from their mean.
-    n : int
-        Rows drawn.
-    n_total : int
-        Population size N.
+    n, n_total : int
+        Rows drawn, and the population size N.
 
     Returns
     -------

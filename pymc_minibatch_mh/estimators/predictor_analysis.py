@@ -25,8 +25,9 @@ from pymc_minibatch_mh.estimators.predictor import (
     analyse,
     coefficient_vector,
 )
+from pymc_minibatch_mh.model.compilation import compile_function
 from pymc_minibatch_mh.model.graph import BatchedProducts
-from pymc_minibatch_mh.model.internals import compile_function, direct_call
+from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 __all__ = ["PredictorAnalysis", "select"]

@@ -22,9 +22,10 @@ from pytensor.graph.rewriting.utils import rewrite_graph
 
 from pymc_minibatch_mh.core.control_variate import TaylorReference
 from pymc_minibatch_mh.errors import ControlVariateError
-from pymc_minibatch_mh.estimators.reference import _FULL_PASS_MODE, TaylorPasses, add_chunks
+from pymc_minibatch_mh.estimators.full_passes import _FULL_PASS_MODE, add_chunks
+from pymc_minibatch_mh.estimators.reference import TaylorPasses
+from pymc_minibatch_mh.model.compilation import compile_derived
 from pymc_minibatch_mh.model.graph import checks_as_ninf, clone_replace
-from pymc_minibatch_mh.model.internals import compile_derived
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 if TYPE_CHECKING:

@@ -38,7 +38,8 @@ the estimator halves its spacing until they are finite.
 
 :class:`ShiftTables` holds the tables (shared variables) and builds both graphs: the sum
 :meth:`~ShiftTables.total` and the interpolation of one row (:meth:`~ShiftTables.locate`,
-:func:`catmull_rom`); :func:`level_tables` computes them.
+:func:`catmull_rom`); :func:`level_tables` computes them. Which rows are expanded so, and
+the graph of their residuals: :class:`~pymc_minibatch_mh.estimators.predictor_set.ShiftedSet`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
+
+from pymc_minibatch_mh.core.control_variate import second_order
 
 __all__ = [
     "NODES",
@@ -153,8 +156,10 @@ class ShiftTables:
         ll = pt.sum(self.loglik.flatten()[nodes].reshape((count, 4)) * w, axis=1)
         a = self.gradient.reshape((count * NODES, width))[nodes].reshape((count, 4, width))
         a = pt.sum(a * w[:, :, None], axis=1)
-        return (pt.sum(ll - self.loglik[:, _CENTRE]) + pt.sum(a * change)
-                + 0.5 * pt.sum(self.hessian * rest[self.hessian_rows] * rest[self.hessian_cols]))
+        return second_order(
+            pt.sum(a * change),
+            pt.sum(self.hessian * rest[self.hessian_rows] * rest[self.hessian_cols]),
+            value=pt.sum(ll - self.loglik[:, _CENTRE]))
 
     @staticmethod
     def node_shift(node: Any, spacing: Any) -> Any:

@@ -44,35 +44,13 @@ variable and some coefficient is not affine in θ; the θ-space expansion otherw
 coefficients (a plain GLM: ``X @ b``) both expansions are the same function (the second derivative
 of q in θ is zero), so nothing is gained by switching.
 
-**Rows of small levels, expanded around their level's shift.** The residuals are third
-order in the change of the quantities, so they are largest where a row's quantity moves
-most between θ and θ′: in the levels of a grouping factor with few rows, whose effects the
-data barely pin down (their posterior is about their prior, τ wide), while a large level's
-effect moves by about one over the square root of its size. A few such rows then carry
-almost all of the residuals' variance (measured on crossed random intercepts with
-N = 3·10⁴: the 207 rows of levels with fewer than 5 rows carried 97 % of it, the rows of
-levels with fewer than 50 rows all but 0.1 %), and a uniform minibatch rarely sees them.
-What pins a level's effect down is its information, not its row count: a level of 74 rows
-with 4 positive outcomes of a logistic model has the information of 10 average rows, and
-its effect moves as if it had 10. A level's information is read from the set-up's ``B`` at
-θ̂ (its diagonal entry ``−B_kk``, the curvature of the log-likelihood along the level's
-coefficient), and counted in *average rows*, the term's total information over N. The rows
-of every level with less information than :data:`SHIFTED_LEVEL_ROWS` average rows (of any
-per-row index ``v(θ)[idx]``), least information first, at most
-:data:`SHIFTED_ROWS_MAX_SHARE` of N, form the *set* E (a term without positive total
-information counts rows instead; the set is chosen at each set-up, after θ̂). Each of
-its rows is expanded around ``q̂_i`` moved by its own level's shift ``c_g(θ) − ĉ_g``
-instead of around ``q̂_i``
-(:mod:`~pymc_minibatch_mh.estimators.predictor_shift`: tables of each level's sums in
-its shift, interpolated the same way for the sums and for each row, so that the
-estimator stays unbiased): a move of the small levels' effects alone then leaves their
-rows almost no residual. The data-free part and the surrogate posterior contain the
-tables' sums instead of the expansion around θ̂ for these rows, so neither reads a row:
-every row's residual is left to the minibatch. (Before, the set's rows were summed
-exactly at every step, and the surrogate posterior contained their log-likelihood: on
-the zoo's crossed model at N = 3·10⁴ a transition read the set's 1,210 rows about 13
-times, 15,000–18,000 rows; with the tables it reads about 140, at the same time per
-transition.)
+**Rows of small levels, expanded around their level's shift.** The residuals are largest
+in the rows of levels whose effects the data barely pin down. The rows of the levels with
+the least information form a *set* (:mod:`~pymc_minibatch_mh.estimators.predictor_set`),
+each of whose rows is expanded around ``q̂_i`` moved by its own level's shift, with tables
+of each level's sums in its shift (:mod:`~pymc_minibatch_mh.estimators.predictor_shift`):
+a move of the small levels' effects alone then leaves their rows almost no residual, and
+the estimator stays unbiased.
 
 The full-data passes and
 :class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorReference` are in
@@ -90,15 +68,16 @@ import pytensor
 import pytensor.gradient
 import pytensor.tensor as pt
 from numpy.typing import NDArray
-from pytensor.gradient import NullTypeGradError
-from pytensor.graph.utils import MethodNotDefined
 
 from pymc_minibatch_mh.core.control_variate import (
     TaylorReference,
     expansion_difference,
     expansion_gradient,
+    second_order,
 )
 from pymc_minibatch_mh.errors import ControlVariateError
+from pymc_minibatch_mh.estimators.differenced import NO_DERIVATIVE
+from pymc_minibatch_mh.estimators.expansion import bilinear, inner
 from pymc_minibatch_mh.estimators.predictor import (
     DecompositionError,
 )
@@ -107,10 +86,8 @@ from pymc_minibatch_mh.estimators.predictor_passes import (
     PredictorPasses,
     PredictorReference,
     quantity_derivatives,
-    quantity_functions,
-    row_features,
 )
-from pymc_minibatch_mh.estimators.predictor_shift import ShiftTables, grid_spacing, level_tables
+from pymc_minibatch_mh.estimators.predictor_set import ShiftedSet
 from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy
 from pymc_minibatch_mh.estimators.taylor import TaylorEstimator
 from pymc_minibatch_mh.model.graph import clone_replace
@@ -118,23 +95,12 @@ from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 __all__ = [
-    "SHIFTED_LEVEL_ROWS",
-    "SHIFTED_ROWS_MAX_SHARE",
     "PredictorPasses",
     "PredictorReference",
     "PredictorTaylorEstimator",
 ]
 
 _log = logging.getLogger("pymc_minibatch_mh")
-
-#: The rows of levels of a per-row index with less information than this many average rows
-#: are expanded around their level's shift (see the module docstring).
-SHIFTED_LEVEL_ROWS: int = 50
-#: Largest share of N in the set (the least informed levels first).
-SHIFTED_ROWS_MAX_SHARE: float = 0.1
-#: A level's grid is halved at most this many times to keep it inside the quantity's
-#: support (see ``_build_tables``).
-_MAX_NARROWINGS: int = 30
 
 
 # -------------------------------------------------------------------- estimator
@@ -147,7 +113,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
     ``laplace_covariance()``, ``setup_evaluations``, ``map_decrement``,
     :meth:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator.follow_data`, which here
     also selects the set again); see the module docstring for the
-    expansion and the rule for the reference point.
+    expansion and the rule for the reference point. ``set_rows`` and ``set_positions``
+    tell the set's rows (:mod:`~pymc_minibatch_mh.estimators.predictor_set`).
 
     Parameters
     ----------
@@ -167,8 +134,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
     _strict_map: ClassVar[bool] = False  # see the module docstring: the last point is kept
 
     __slots__ = ("_coef_hat", "_coef_gradient", "_coef_hessian", "_shift_proxy_fn",
-                 "set_rows", "set_positions", "_slots", "_tables", "_set_data",
-                 "_set_levels", "_set_fns", "_set_slot")
+                 "shifted_set")
 
     def __init__(
         self,
@@ -198,7 +164,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
                 ) from None
         try:
             return PredictorPasses(self.likelihood, self.step_name, self.analysis)
-        except (MethodNotDefined, NullTypeGradError) as err:
+        except NO_DERIVATIVE as err:
             raise ControlVariateError(
                 "The expansion in the per-row quantities needs the log-likelihood's second "
                 "derivative in them, which PyTensor cannot build for this model "
@@ -212,6 +178,16 @@ class PredictorTaylorEstimator(TaylorEstimator):
         self._coef_hat = pytensor.shared(np.zeros(k), name="cv_coef_hat")
         self._coef_gradient = pytensor.shared(np.zeros(k), name="cv_coef_gradient")
         self._coef_hessian = pytensor.shared(np.zeros((k, k)), name="cv_coef_hessian")
+
+    @property
+    def set_rows(self) -> int:
+        """Rows in the set of the last set-up (0: none)."""
+        return self.shifted_set.n_rows
+
+    @property
+    def set_positions(self) -> NDArray[np.int64]:
+        """The set's rows' positions in the row store."""
+        return self.shifted_set.positions
 
     def proxy_value(self, x: NDArray[np.float64]) -> float:
         """The full-data sum of the proxies at ``x``, less its value at θ̂.
@@ -234,8 +210,8 @@ class PredictorTaylorEstimator(TaylorEstimator):
         c = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat})
         graph = expansion_difference(self._coef_gradient, self._coef_hessian, self._coef_hat,
                                      self._coef_hat, c, dot=pt.dot)
-        if self._slots:
-            graph = graph + self._tables.total(c - self._coef_hat)
+        if self.shifted_set.slots:
+            graph = graph + self.shifted_set.tables.total(c - self._coef_hat)
         return graph
 
     def _shift_proxy(self, x: NDArray[np.float64]) -> tuple[Any, Any]:
@@ -243,7 +219,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         if self._shift_proxy_fn is None:
             flat = pt.vector("x", dtype="float64")
             c = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat})
-            value = self._tables.total(c - self._coef_hat)
+            value = self.shifted_set.tables.total(c - self._coef_hat)
             self._shift_proxy_fn = direct_call(self.likelihood.compile(
                 [flat], [value, pytensor.gradient.grad(value, flat)]))
         return self._shift_proxy_fn(x)
@@ -311,110 +287,19 @@ class PredictorTaylorEstimator(TaylorEstimator):
         closed_form = expansion_difference(
             self._coef_gradient, self._coef_hessian, self._coef_hat, c_cur, c_prop, dot=pt.dot
         )
-        self._shift_proxy_fn = self._set_fns = None
-        self._tables = ShiftTables(an.n_coef)
-        self.set_rows, self.set_positions = 0, np.empty(0, dtype=np.int64)
-        self._set_levels: list[tuple[int, int]] = []
-        self._set_data: tuple[NDArray[Any], ...] = ()
-        index_terms = [k for k, t in enumerate(an.terms) if t.kind == "index"]
-        self._slots = [pytensor.shared(np.zeros(0, dtype=np.int64), name=f"shift_slots_{k}")
-                       for k in index_terms]
-        if index_terms:
+        self._shift_proxy_fn = None
+        self.shifted_set = shifted = ShiftedSet(an, self.likelihood, self.step_name)
+        if shifted.slots:
             # The set's levels are chosen at each set-up, after θ̂ (_select_set): each
             # index term's slots (a level's table, or −1) are shared variables.
-            tables = self._tables
-            closed_form = closed_form + (tables.total(c_prop - self._coef_hat)
-                                         - tables.total(c_cur - self._coef_hat))
-            slot, weight = self._row_slots(index_terms)
-            rows = pt.nonzero(slot >= 0)[0]
-            shifted = self._shifted_residuals(
-                graphs, rows, slot[rows], [w[rows] for w in weight],
-                [v[rows] for v in q_prop], [v[rows] for v in q_cur], [v[rows] for v in q_hat],
-                [(j, j2, v[rows]) for j, j2, v in h], c_prop, c_cur)
-            residuals = pt.set_subtensor(residuals[rows], graphs.ratios[rows] - shifted * inv_t)
+            residuals, closed_form = shifted.residual_graphs(
+                graphs, residuals, closed_form, (q_prop, q_cur, q_hat), h, (c_prop, c_cur),
+                self._coef_hat, inv_t)
         fn = self.likelihood.compile(
             [x_cur, x_prop, inv_t, *graphs.data],
             [residuals, graphs.prior_delta + closed_form * inv_t],
         )
         return direct_call(fn)
-
-    def _row_slots(self, index_terms: list[int]) -> tuple[Any, list[Any]]:
-        """Each row's level table (−1: none) and its weight along each quantity.
-
-        A row in the levels of several index terms in the set belongs to the first
-        term's; its shift moves the quantity that term feeds by the term's feature times
-        the level's shift (the weight; 0 along the other quantities).
-        """
-        an = self.analysis
-        n = an.n_batch
-        slot = None
-        owner = None
-        for k, slots in zip(index_terms, self._slots, strict=True):
-            size = an.sizes[k]
-            index = pt.as_tensor(an.rows(an.terms[k].index)).astype("int64")
-            index = pt.switch(index < 0, index + size, index)
-            mine = slots[index]
-            if slot is None:
-                slot, owner = mine, pt.switch(mine >= 0, k, -1)
-            else:
-                take = pt.and_(slot < 0, mine >= 0)
-                slot, owner = pt.switch(take, mine, slot), pt.switch(take, k, owner)
-        weight = []
-        for j in range(len(an.predictors.quantities)):
-            w = pt.zeros((n,), dtype="float64")
-            for k in index_terms:
-                if an.term_quantity[k] != j:
-                    continue
-                t = an.terms[k]
-                f = (pt.ones((n,), dtype="float64") if t.feature is None else
-                     pt.broadcast_to(an.rows(t.feature).astype("float64"), (n,)))
-                w = w + pt.switch(pt.eq(owner, k), f, 0.0)
-            weight.append(w)
-        return slot, weight
-
-    def _shifted_residuals(self, graphs: Any, rows: Any, slot: Any, weight: list[Any],
-                           q_prop: list[Any], q_cur: list[Any], q_hat: list[Any],
-                           h_hat: list[tuple[int, int, Any]], c_prop: Any, c_cur: Any) -> Any:
-        """``a_i(θ′) − a_i(θ)`` of the set's rows ``rows``, untempered.
-
-        See :mod:`~pymc_minibatch_mh.estimators.predictor_shift`; ``h_hat`` are the rows'
-        ``Ĥ_i`` at θ̂.
-        """
-        an, tables = self.analysis, self._tables
-        qs, g, _, loglik = quantity_functions(an)
-        spacing = tables.spacing[slot]
-        own = tables.own[slot]
-        points, deltas, weights = [], [], []
-        for q_at, c_at in ((q_cur, c_cur), (q_prop, c_prop)):
-            u = (c_at - self._coef_hat)[own]
-            first, w, kept = ShiftTables.locate(u, spacing)
-            weights.append(w)
-            deltas.append([qa - qh - f * kept for qa, qh, f in zip(q_at, q_hat, weight,
-                                                                     strict=True)])
-            for m in range(4):
-                node = ShiftTables.node_shift(first + m, spacing)
-                points.append([qh + f * node for qh, f in zip(q_hat, weight, strict=True)])
-        # One evaluation of ℓ and g at the 8 expansion points of every row.
-        stacked = [pt.concatenate([p[j] for p in points]) for j in range(len(qs))]
-        data = {d: pt.concatenate([d[rows]] * len(points)) for d in graphs.data}
-        out = clone_replace([loglik, *g], {**dict(zip(qs, stacked, strict=True)), **data})
-        blocks = [v.reshape((len(points), rows.shape[0])) for v in out]
-        ll, gs = blocks[0], blocks[1:]
-        proxies = []
-        for side in range(2):
-            delta, w = deltas[side], weights[side]
-            total = 0.0
-            for j, j2, hjl in h_hat:
-                factor = 0.5 if j == j2 else 1.0
-                total = total + factor * hjl * delta[j] * delta[j2]
-            for m in range(4):
-                at = 4 * side + m
-                value = ll[at]
-                for j, gj in enumerate(gs):
-                    value = value + gj[at] * delta[j]
-                total = total + w[m] * value
-            proxies.append(total)
-        return proxies[1] - proxies[0]
 
     def _set_up(self) -> None:
         """θ̂ and the full-data sums, then the set on the same data.
@@ -422,212 +307,24 @@ class PredictorTaylorEstimator(TaylorEstimator):
         See :meth:`TaylorEstimator._set_up
         <pymc_minibatch_mh.estimators.taylor.TaylorEstimator._set_up>`.
         """
-        self.set_rows = 0  # the last set-up's set is of the old data
+        self.shifted_set.clear()  # the last set-up's set is of the old data
         super()._set_up()
         self._select_set()
 
     def _select_set(self) -> None:
-        """Choose the set E (see the module docstring), load its rows and build its tables.
+        """Choose the set at θ̂ and build its tables.
 
-        Reads the per-row indices once over the row store; each level's information is
-        ``−B_kk`` of the set-up's reference. The per-step function and the surrogate read
-        the set's slots and tables from shared variables, so nothing is compiled again.
+        See :meth:`ShiftedSet.select
+        <pymc_minibatch_mh.estimators.predictor_set.ShiftedSet.select>`.
         """
-        an = self.analysis
-        self.set_rows, self.set_positions = 0, np.empty(0, dtype=np.int64)
-        self._set_levels, self._set_data = [], ()
-        if not self._slots:
-            return
-        terms = [(k, t, sl) for k, (t, sl) in enumerate(zip(an.terms, an.slices, strict=True))
-                 if t.kind == "index"]
-        graphs = self.likelihood.graphs
-        store = self.likelihood.store
-        indices = [an.rows(t.index).astype("int64") for _, t, _ in terms]
-        index_fn = pytensor.function(list(graphs.data), indices, mode="FAST_COMPILE",
-                                     on_unused_input="ignore")
-        chunks = [[np.asarray(i) for i in index_fn(*chunk)] for chunk in store.chunks()]
-        columns = [np.concatenate(c) for c in zip(*chunks, strict=True)]
-        columns = [np.where(c < 0, c + (sl.stop - sl.start), c)
-                   for c, (_, _, sl) in zip(columns, terms, strict=True)]
-        n = store.n_rows
-        counts = [np.bincount(c, minlength=max(int(c.max()) + 1, sl.stop - sl.start))
-                  for c, (_, _, sl) in zip(columns, terms, strict=True)]
-        information = -np.diag(self.reference.coef_hessian)
-        # Levels by information in average rows, least first, below the threshold.
-        levels = sorted(
-            (float(weight), i, level)
-            for i, ((_, _, sl), cnt) in enumerate(zip(terms, counts, strict=True))
-            for level, (size, weight) in enumerate(zip(cnt, average_rows(information[sl], cnt, n),
-                                                       strict=True))
-            if size > 0 and weight < SHIFTED_LEVEL_ROWS)
-        # Each level's row positions, from one stable sort per factor (not a pass over the
-        # N rows per level: there can be many small levels at large N).
-        order = [np.argsort(c, kind="stable") for c in columns]
-        starts = [np.concatenate(([0], np.cumsum(cnt))) for cnt in counts]
-        small = [np.zeros(c.size, dtype=bool) for c in counts]
-        in_set = np.zeros(n, dtype=bool)
-        budget, total = int(SHIFTED_ROWS_MAX_SHARE * n), 0
-        for _, i, level in levels:
-            rows = order[i][starts[i][level]:starts[i][level + 1]]
-            added = int(np.count_nonzero(~in_set[rows]))
-            if total + added > budget:
-                break
-            total += added
-            small[i][level] = True
-            in_set[rows] = True
-        self.set_positions = np.flatnonzero(in_set)
-        self.set_rows = int(self.set_positions.size)
-        # A row belongs to the level of the first index term whose level is in the set
-        # (the rule of _row_slots); each such level has a table, the others none.
-        owner = np.full(self.set_rows, -1, dtype=np.int64)
-        level_of = np.zeros(self.set_rows, dtype=np.int64)
-        for i, (small_i, column) in enumerate(zip(small, columns, strict=True)):
-            level = column[self.set_positions]
-            take = (owner < 0) & small_i[level]
-            owner[take], level_of[take] = i, level[take]
-        pairs = sorted({(int(i), int(lv)) for i, lv in zip(owner, level_of, strict=True)})
-        slot_of = {pair: p for p, pair in enumerate(pairs)}
-        for i, shared in enumerate(self._slots):
-            slots = np.full(terms[i][2].stop - terms[i][2].start, -1, dtype=np.int64)
-            for (owner_i, level), p in slot_of.items():
-                if owner_i == i:
-                    slots[level] = p
-            shared.set_value(slots)
-        # The levels as (term, level) of the analysis' terms.
-        self._set_levels = [(terms[i][0], level) for i, level in pairs]
-        self._set_slot = np.array([slot_of[(int(i), int(lv))] for i, lv in
-                                   zip(owner, level_of, strict=True)], dtype=np.int64)
-        self._set_data = self._rows_at(self.set_positions)
+        self.shifted_set.select(self.reference)
         self._build_tables()
-        if self.set_rows:
-            _log.info("%s: the %d rows of %d levels with less information than %d average "
-                      "rows are expanded around their level's shift", self.step_name,
-                      self.set_rows, len(pairs), SHIFTED_LEVEL_ROWS)
 
     def _build_tables(self) -> None:
-        """The set's tables at the current θ̂, and the sums ``A``, ``B`` of the other rows.
-
-        Called at each set-up and reference (a re-centring moves θ̂, so ``q̂_i`` and every
-        table with it).
-        """
-        ref = self.reference
-        a, b = np.array(ref.coef_gradient), np.array(ref.coef_hessian)
-        if not self.set_rows:
-            self._tables.clear()
-            self._coef_gradient.set_value(a, borrow=False)
-            self._coef_hessian.set_value(b, borrow=False)
-            return
-        an = self.analysis
-        fns = self._set_functions()
-        rows = self._set_data
-        _, a_set, b_set = self.passes._chunk_sums(ref.theta, *rows)
-        self._coef_gradient.set_value(a - a_set, borrow=False)
-        self._coef_hessian.set_value(b - b_set, borrow=False)
-        at_hat, features = fns[0](ref.theta, *rows)
-        q_hat = [np.asarray(v, dtype=np.float64) for v in at_hat]
-        blocks = self.passes._chunk_sums._blocks([np.asarray(f) for f in features],
-                                                 self.set_rows)
-        k_coef, quantities = an.n_coef, len(q_hat)
-        slot = self._set_slot
-        p = len(self._set_levels)
-        own = np.array([an.slices[i].start + level for i, level in self._set_levels],
-                       dtype=np.int64)
-        # Each row's weight along each quantity: its own term's feature.
-        weight = np.zeros((self.set_rows, quantities))
-        for p_, (i, _) in enumerate(self._set_levels):
-            mine = slot == p_
-            block = blocks[i]
-            weight[mine, an.term_quantity[i]] = 1.0 if block[2] is None else block[2][mine]
-        spacing = self._spacing(own)
-        shifts = ShiftTables.node_shifts(spacing)  # (P, NODES)
-
-        def at_nodes(k: int) -> tuple[Any, Any]:
-            node = shifts[slot, k]
-            q = [q_hat[j] + weight[:, j] * node for j in range(quantities)]
-            ll, g = fns[1](*q, *rows)
-            return (np.asarray(ll, dtype=np.float64),
-                    np.column_stack([np.asarray(v, dtype=np.float64) for v in g]))
-
-        def design(positions: NDArray[np.int64]) -> NDArray[np.float64]:
-            f = np.zeros((positions.size, quantities, k_coef))
-            for i, block in enumerate(blocks):
-                j, sl = an.term_quantity[i], an.slices[i]
-                if block[0] == "dense":
-                    f[:, j, sl] = block[1][positions]
-                else:
-                    _, idx, w, _ = block
-                    f[np.arange(positions.size), j, sl.start + idx[positions]] = (
-                        1.0 if w is None else w[positions])
-            return f
-
-        members = [np.flatnonzero(slot == p_) for p_ in range(p)]
-        # A level whose grid leaves the quantity's support (a probability moved below 0)
-        # has non-finite entries: its grid is narrowed until every entry is finite (the
-        # chain's effects stay inside the support too).
-        for _ in range(_MAX_NARROWINGS):
-            support, table_l, table_a = level_tables(members, own, design, at_nodes, k_coef)
-            bad = ~(np.all(np.isfinite(table_l), axis=1)
-                    & np.all(np.isfinite(table_a), axis=(1, 2)))
-            if not bad.any():
-                break
-            spacing = np.where(bad, 0.5 * spacing, spacing)
-            shifts = ShiftTables.node_shifts(spacing)
-        else:
-            raise ControlVariateError(
-                f"{self.step_name}: the log-likelihood of the rows of {int(bad.sum())} levels "
-                "with little information is not finite near their effects at the reference "
-                "point, so the control variates cannot tabulate it. Use "
-                "control_variate='taylor_theta'.")
-        self._tables.set(own, spacing, support, table_l, table_a, b_set)
-
-    def _spacing(self, own: NDArray[np.int64]) -> NDArray[np.float64]:
-        """Each level's grid spacing (:func:`~.predictor_shift.grid_spacing` of its spread).
-
-        The spread: the root of the level's term's mean square effect at θ̂ (the groups'
-        spread, as :meth:`centring` estimates it) plus the Laplace variance of ``c_g``.
-        """
-        ref, an = self.reference, self.analysis
-        term_of = np.zeros(an.n_coef, dtype=np.int64)
-        for i, sl in enumerate(an.slices):
-            term_of[sl] = i
-        square = np.array([np.mean(ref.coef[an.slices[term_of[c]]] ** 2) for c in own])
-        try:
-            jac = an.jacobian(ref.theta)[own]
-            variance = np.einsum("ij,jk,ik->i", jac, ref.laplace_covariance(), jac)
-        except ValueError:  # no Laplace fit at θ̂: the groups' spread alone
-            variance = np.zeros(own.size)
-        spread = np.sqrt(square + np.maximum(variance, 0.0))
-        spread = np.where(np.isfinite(spread) & (spread > 0.0), spread, 1.0)
-        return grid_spacing(spread)
-
-    def _set_functions(self) -> tuple[Any, Any]:
-        """Compiled once: ``q̂`` and the features of rows, and ``ℓ`` and ``g`` of ``q``."""
-        if self._set_fns is None:
-            an = self.analysis
-            graphs = self.likelihood.graphs
-            n = an.n_batch
-            q = [pt.broadcast_to(pt.as_tensor(an.rows(quant.eta)).astype("float64"), (n,))
-                 for quant in an.predictors.quantities]
-            at_hat = self.likelihood.compile([graphs.flat, *graphs.data],
-                                             [pt.stack(q), *row_features(an)],
-                                             mode="FAST_COMPILE")
-            qs, g, _, loglik = quantity_functions(an)
-            evaluate = self.likelihood.compile([*qs, *graphs.data], [loglik, pt.stack(g)],
-                                               mode="FAST_COMPILE")
-
-            def first(x: Any, *rows: Any) -> tuple[Any, Any]:
-                out = at_hat(x, *rows)
-                return list(out[0]), out[1:]
-
-            self._set_fns = (first, evaluate)
-        return self._set_fns
-
-    def _rows_at(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
-        """The rows at ``positions``; for none, a row's arrays cut to length 0."""
-        store = self.likelihood.store
-        if positions.size:
-            return store.rows(positions)
-        return tuple(r[:0] for r in store.rows(np.zeros(1, dtype=np.int64)))
+        """The set's tables at the current θ̂, and the sums ``A``, ``B`` of the other rows."""
+        a, b = self.shifted_set.build(self.reference, self.passes._chunk_sums)
+        self._coef_gradient.set_value(a, borrow=False)
+        self._coef_hessian.set_value(b, borrow=False)
 
     def _set_reference(self, ref: TaylorReference) -> None:
         if not isinstance(ref, PredictorReference):
@@ -645,45 +342,12 @@ class PredictorTaylorEstimator(TaylorEstimator):
 
 def _residuals(ratios: Any, q_prop: list[Any], q_cur: list[Any], q_hat: list[Any],
                g: list[Any], h: list[tuple[int, int, Any]], inv_t: Any) -> Any:
-    """Per-row residuals ``r_i`` of the module docstring (the one home of the formula).
+    """Per-row residuals ``r_i`` of the module docstring.
 
     ``ratios`` are the tempered ``ℓ_i(θ′) − ℓ_i(θ)``; ``q_*`` the quantities at θ′, θ and
-    θ̂; ``g`` and the non-zero ``H_jk`` (``(j, k, H_jk)``, ``j ≤ k``) at θ̂.
+    θ̂; ``g`` and the non-zero ``H_jk`` (``(j, k, H_jk)``, ``j ≤ k``) at θ̂. The expansion
+    is :func:`~pymc_minibatch_mh.estimators.expansion.second_order`'s.
     """
     dq = [a - b for a, b in zip(q_prop, q_cur, strict=True)]
     wq = [a + b - 2.0 * c for a, b, c in zip(q_prop, q_cur, q_hat, strict=True)]
-    proxy = 0.0
-    for gj, dqj in zip(g, dq, strict=True):
-        proxy = proxy + gj * dqj
-    for j, j2, hjl in h:
-        if j == j2:
-            proxy = proxy + 0.5 * hjl * dq[j] * wq[j]
-        else:  # H_jl = H_lj: both cross terms
-            proxy = proxy + 0.5 * hjl * (dq[j] * wq[j2] + dq[j2] * wq[j])
-    return ratios - proxy * inv_t
-
-
-def average_rows(information: NDArray[np.float64], counts: NDArray[np.int64],
-                 n_total: int) -> NDArray[np.float64]:
-    """Each level's information in average rows: ``I_k N / Σ I`` (see the module docstring).
-
-    Parameters
-    ----------
-    information : numpy.ndarray
-        ``−B_kk`` of the term's coefficients.
-    counts : numpy.ndarray
-        Rows per level.
-    n_total : int
-        N.
-
-    Returns
-    -------
-    numpy.ndarray
-        One value per level; the row counts themselves where the information does not
-        have one entry per level or its total is not positive and finite.
-
-    """
-    total = float(np.sum(information))
-    if information.size != counts.size or not (0.0 < total < np.inf):
-        return counts.astype(np.float64)
-    return information * (n_total / total)
+    return ratios - second_order(inner(g, dq), bilinear(h, dq, wq)) * inv_t

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from pymc_minibatch_mh.errors import ControlVariateError, ModelNotSupportedError
+from pymc_minibatch_mh.errors import ControlVariateError, ModelNotSupportedError, StartPointError
 from pymc_minibatch_mh.estimators.predictor_analysis import select
 from pymc_minibatch_mh.estimators.predictor_taylor import PredictorTaylorEstimator
 from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
@@ -44,7 +44,6 @@ def make_estimator(
     reference: Mapping[str, Any] | None = None,
     recenter: float | None = None,
     step_name: str = "MinibatchBarker",
-    supported: bool = True,
     tempered_schedule: bool = False,
     temperature: float = 1.0,
 ) -> RatioEstimator:
@@ -55,7 +54,7 @@ def make_estimator(
     kind : {"auto", "taylor", "taylor_theta", "taylor_predictor", None}
         The ``control_variate`` setting of the step. ``"auto"`` is ``"taylor"`` where
         control variates apply; where they do not (no smooth mode to expand around, other
-        step methods' variables in the likelihood, a step method that reads every row, a
+        step methods' variables in the likelihood, a
         temperature schedule) it is None, with a warning at temperature 1 that says why.
         ``"taylor"`` uses the expansion in
         the per-row quantities when every observed variable's parameters decompose into
@@ -75,8 +74,6 @@ def make_estimator(
         :class:`~pymc_minibatch_mh.estimators.taylor.TaylorEstimator`).
     step_name : str
         Used in error messages.
-    supported : bool
-        False for step methods where control variates do not apply (``ExactMH``).
     tempered_schedule : bool
         Whether the step follows a temperature schedule (``"auto"`` is then None: the
         expansion is made at one temperature).
@@ -99,7 +96,7 @@ def make_estimator(
     """
     if kind == "auto":
         return _auto_estimator(likelihood, policy, reference=reference, recenter=recenter,
-                               step_name=step_name, supported=supported,
+                               step_name=step_name,
                                tempered_schedule=tempered_schedule, temperature=temperature)
     if kind is None:
         if reference is not None or recenter is not None:
@@ -111,12 +108,6 @@ def make_estimator(
     if kind not in CONTROL_VARIATES:
         raise ValueError(
             f"control_variate must be one of {CONTROL_VARIATE_SETTINGS} or None, got {kind!r}."
-        )
-    if not supported:
-        raise ValueError(
-            f"{step_name} evaluates every row at every step, so control variates cannot "
-            "save anything there (Δ is the same, up to rounding). Remove "
-            "control_variate=..., or use MinibatchBarker(control_variate='taylor')."
         )
     analysis, per_row = None, kind == "taylor_predictor"
     if kind == "taylor":
@@ -144,27 +135,30 @@ def _auto_estimator(
     reference: Mapping[str, Any] | None,
     recenter: float | None,
     step_name: str,
-    supported: bool,
     tempered_schedule: bool,
     temperature: float,
 ) -> RatioEstimator:
     """``control_variate="auto"``: Taylor control variates where they apply, else plain ratios.
 
-    They do not apply on a step method that reads every row (``ExactMH``: nothing to save)
-    and with a temperature schedule (the expansion is made at one temperature), nor where
+    They do not apply with a temperature schedule (the expansion is made at one
+    temperature), nor where
     building them is refused (:class:`~pymc_minibatch_mh.errors.ControlVariateError`: no
     smooth mode or curvature; :class:`~pymc_minibatch_mh.errors.ModelNotSupportedError`:
     other step methods' variables in the likelihood). In the last case the plain ratios
-    run, and at temperature 1 a warning says what was refused and what it costs.
+    run, and at temperature 1 a warning says what was refused and what it costs. A
+    non-finite log-probability at the start point
+    (:class:`~pymc_minibatch_mh.errors.StartPointError`) is raised as it is: no estimator
+    can start there.
     """
-    if not supported or tempered_schedule:
+    if tempered_schedule:
         return make_estimator(None, likelihood, policy, reference=reference, recenter=recenter,
                               step_name=step_name)
     try:
         return make_estimator("taylor", likelihood, policy, reference=reference,
                               recenter=recenter, step_name=step_name)
     except (ControlVariateError, ModelNotSupportedError) as err:
-        if reference is not None or recenter is not None:
+        # A start point or data fault is the user's to fix whatever the estimator.
+        if reference is not None or recenter is not None or isinstance(err, StartPointError):
             raise
         if temperature == 1.0:
             warnings.warn(

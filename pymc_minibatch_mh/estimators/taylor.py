@@ -29,9 +29,10 @@ How each part is computed:
 - **Where PyTensor cannot differentiate twice** (an op whose gradient has no gradient,
   such as ``hyp2f1``'s in pymc-marketing's ParetoNBD): the curvature is central
   differences of the gradient along each coordinate at θ̂, the same in the full-data H
-  (:class:`DifferencedPasses`) and in the per-row terms (``2d`` calls of a compiled
-  directional derivative per block of rows), so Δ* stays unbiased; a ``UserWarning``
-  says so when the step is built (:attr:`TaylorEstimator.numerical_curvature`).
+  and in the per-row terms (``2d`` calls of a compiled directional derivative per block
+  of rows; :mod:`~pymc_minibatch_mh.estimators.differenced`), so Δ* stays unbiased; a
+  ``UserWarning`` says so when the step is built
+  (:attr:`TaylorEstimator.numerical_curvature`).
 
 The rows evaluated while building the estimator (every pass of the MAP search and the
 pass at θ̂) are counted in ``setup_evaluations``; the estimator
@@ -39,7 +40,7 @@ is built once, when the step is built, and shared by all chains, so it appears i
 chain's sample stats. When the data change (``pm.set_data``, or a changed ``data=``
 store), :meth:`TaylorEstimator.follow_data` repeats that set-up on the new data (the step
 calls it at the next chain start; see
-:meth:`~pymc_minibatch_mh.transition.step.MinibatchStepBase.follow_data`).
+:meth:`~pymc_minibatch_mh.transition.step_base.MinibatchStepBase.follow_data`).
 Re-centring (optional, during tuning only, see :meth:`TaylorEstimator.maybe_recenter`)
 makes one more pass, counted in the step's ``extra_evaluations`` stat and flagged in its
 ``recentered`` stat; a re-centring whose
@@ -59,106 +60,38 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from numpy.typing import NDArray
-from pytensor.gradient import NullTypeGradError
 from pytensor.graph.traversal import graph_inputs
-from pytensor.graph.utils import MethodNotDefined
 
-from pymc_minibatch_mh.core.control_variate import TaylorReference, expansion_difference
+from pymc_minibatch_mh.core.control_variate import (
+    TaylorReference,
+    expansion_difference,
+    second_order,
+)
 from pymc_minibatch_mh.errors import ControlVariateError, ModelNotSupportedError
+from pymc_minibatch_mh.estimators.differenced import (
+    NO_DERIVATIVE,
+    DifferencedPasses,
+    DifferencedResiduals,
+    difference_steps,
+    missing_derivative,
+    numerical_curvature_message,
+)
 from pymc_minibatch_mh.estimators.ratio import PrefetchPolicy, RatioEstimator
-from pymc_minibatch_mh.estimators.reference import MAP_TOLERANCE, ChunkSums, TaylorPasses
+from pymc_minibatch_mh.estimators.reference import MAP_TOLERANCE, TaylorPasses
 from pymc_minibatch_mh.model.compat import jvp
 from pymc_minibatch_mh.model.graph import checks_as_ninf, clone_replace
 from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
-__all__ = [
-    "DIFFERENCE_STEP",
-    "MAP_TOLERANCE",
-    "DifferencedChunkSums",
-    "DifferencedPasses",
-    "TaylorEstimator",
-    "difference_steps",
-]
+__all__ = ["MAP_TOLERANCE", "SETUP_START_FIX", "TaylorEstimator"]
 
-#: Relative step of the central differences that give the per-row curvature where the
-#: log-likelihood's second derivative has no symbolic form: ``ε^(1/3)`` of float64, the
-#: step that balances the differences' truncation error (``O(h²)``) against rounding
-#: (``O(ε/h)``).
-DIFFERENCE_STEP: float = float(np.finfo(np.float64).eps ** (1.0 / 3.0))
-
-#: What PyTensor raises when a derivative of an op it needs is not defined.
-_NO_DERIVATIVE = (MethodNotDefined, NullTypeGradError)
-
-
-def difference_steps(theta: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The central differences' step along each coordinate at ``theta``.
-
-    ``DIFFERENCE_STEP · max(1, |θ_j|)``: scaled to each coordinate, never below the
-    relative step (the flat space is unconstrained, its coordinates of order one).
-    """
-    return DIFFERENCE_STEP * np.maximum(1.0, np.abs(np.asarray(theta, dtype=np.float64)))
-
-
-class DifferencedChunkSums(ChunkSums):
-    r"""A chunk's log-likelihood sum, gradient, and Hessian from differences of the gradient.
-
-    Column ``j`` of the Hessian is ``[G(x + h_j e_j) − G(x − h_j e_j)] / (2 h_j)`` with
-    ``h =`` :func:`difference_steps` ``(x)``, then the matrix is symmetrised: ``2d + 1``
-    calls of the gradient function per chunk, no second derivative. Summed over the
-    chunks it is the sum of the per-row matrices that the per-step function of
-    :class:`TaylorEstimator` builds from the same steps, so the closed form and the
-    residuals use the same expansion (Δ* stays unbiased).
-
-    Parameters
-    ----------
-    value_grad_fn : pytensor.compile.function.types.Function
-        ``(x, *rows) -> (sum, gradient)``.
-    dim : int
-        Size of ``x``.
-
-    """
-
-    def __init__(self, value_grad_fn: Any, dim: int) -> None:
-        super().__init__(value_grad_fn, None, dim)
-
-    def __call__(self, x: NDArray[np.float64], *rows: NDArray[Any]) -> tuple[Any, ...]:
-        """``(sum, gradient, Hessian)`` of the chunk's log-likelihood at ``x``."""
-        fn = self.value_grad_fn
-        value, g = fn(x, *rows)
-        value, g = float(value), np.array(g, dtype=np.float64)
-        steps = difference_steps(x)
-        h = np.empty((self.dim, self.dim))
-        for j, step in enumerate(steps):  # d coordinates, each a call over all the rows
-            e = np.zeros(self.dim)
-            e[j] = step
-            plus = np.array(fn(x + e, *rows)[1], dtype=np.float64)
-            minus = np.array(fn(x - e, *rows)[1], dtype=np.float64)
-            h[:, j] = (plus - minus) / (2.0 * step)
-        return value, g, 0.5 * (h + h.T)
-
-
-class DifferencedPasses(TaylorPasses):
-    """Full-data passes whose Hessians are central differences of the gradient.
-
-    :class:`~pymc_minibatch_mh.estimators.reference.TaylorPasses` with
-    :class:`DifferencedChunkSums`, for a log-likelihood PyTensor can differentiate once
-    but not twice. A pass with the Hessian evaluates every row ``2d + 1`` times, all
-    counted in ``evaluations``.
-    """
-
-    @functools.cached_property
-    def hessian_sums(self) -> ChunkSums:
-        """The per-chunk sum, gradient and differenced Hessian (first use compiles)."""
-        return DifferencedChunkSums(self.value_grad_fn, self.dim)
-
-    def _full_pass(
-        self, x: NDArray[np.float64], hessian: bool
-    ) -> tuple[float, NDArray[np.float64], NDArray[np.float64] | None]:
-        result = super()._full_pass(x, hessian)
-        if hessian:
-            self.evaluations += 2 * self.dim * self.store.n_rows
-        return result
+#: Where a user gives the start of the set-up's MAP search, said when it is not finite
+#: there: ``pm.sample``'s ``initvals=`` reach the chains only, after the set-up.
+SETUP_START_FIX = (
+    "the control variates' MAP search starts at the model's initial point, before "
+    "pm.sample's initvals= apply: give initval= to the model's variables, or "
+    "initial_point={...} or reference={...} to the step"
+)
 
 
 class _NoSecondDerivative(Exception):
@@ -268,16 +201,8 @@ class TaylorEstimator(RatioEstimator):
         super().__init__(likelihood, policy, self._compile_delta(likelihood.graphs))
         if self.numerical_curvature is not None:
             self.passes = DifferencedPasses(likelihood, step_name)
-            warnings.warn(
-                f"{step_name}: the log-likelihood has no symbolic second derivative in "
-                f"PyTensor ({self.numerical_curvature}), so the control variates' "
-                "curvature is numerical: central differences of the per-row gradient, "
-                "with steps ε^(1/3)·max(1, |θ̂_j|) along each coordinate. Δ* stays unbiased "
-                "(the full-data sums use the same differences); each step evaluates "
-                f"{4 * d} directional derivatives per row and each pass with the Hessian "
-                f"{2 * d + 1} gradients per row.",
-                UserWarning, stacklevel=4,
-            )
+            warnings.warn(numerical_curvature_message(step_name, self.numerical_curvature, d),
+                          UserWarning, stacklevel=4)
         #: Re-centrings since the estimator was built, over all chains of this process.
         self.recenterings = 0
         #: Re-centrings whose pass failed (θ̂ kept), over all chains of this process.
@@ -306,8 +231,9 @@ class TaylorEstimator(RatioEstimator):
             # θ̂): a failed set-up names the non-finite rows, if any, at the point it
             # started from (one pass, made only on failure).
             start = x0 if self._reference_flat is None else self._reference_flat
-            likelihood.check_point(likelihood.point_map.to_point(start,
-                                                                 likelihood.initial_point))
+            likelihood.check_point(
+                likelihood.point_map.to_point(start, likelihood.initial_point),
+                fix=SETUP_START_FIX if self._reference_flat is None else "reference={...}")
             raise
         #: Rows evaluated by the MAP search of the last set-up, its last pass being the pass
         #: at θ̂ (0 with a user reference).
@@ -373,7 +299,7 @@ class TaylorEstimator(RatioEstimator):
 
             try:
                 return PredictorPasses(self.likelihood, self.step_name, self.analysis)
-            except _NO_DERIVATIVE:
+            except NO_DERIVATIVE:
                 pass
         return TaylorPasses(self.likelihood, self.step_name)
 
@@ -420,7 +346,8 @@ class TaylorEstimator(RatioEstimator):
         ``derive``): a second process loads it without differentiating again. The per-row
         curvature is the symbolic second derivative; where PyTensor has none (an op whose
         gradient has no gradient, such as ``hyp2f1``'s), central differences of the
-        per-row gradient (:class:`_DifferencedResiduals`), and
+        per-row gradient
+        (:class:`~pymc_minibatch_mh.estimators.differenced.DifferencedResiduals`), and
         :attr:`numerical_curvature` says why.
         """
         x_cur, x_prop, inv_t = graphs.x_cur, graphs.x_prop, graphs.inv_temperature
@@ -445,19 +372,18 @@ class TaylorEstimator(RatioEstimator):
             first = jvp(at_t, t, u)  # g_iᵀ u
             delta = x_prop - x_cur
             w = x_prop + x_cur - 2.0 * self._theta
-            expansion = clone_replace(first, {t: self._theta, u: delta})
-            if not numerical:
-                try:
-                    second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
-                except _NO_DERIVATIVE as err:
-                    raise _NoSecondDerivative(err) from err
-                expansion = expansion + 0.5 * clone_replace(
-                    second, {t: self._theta, u: delta, v: w})
-            residuals = graphs.ratios - expansion * inv_t
-            closed_form = expansion_difference(
+            slope = clone_replace(first, {t: self._theta, u: delta})
+            data_free = graphs.prior_delta + expansion_difference(
                 self._gradient, self._hessian, self._theta, x_cur, x_prop, dot=pt.dot
             ) * inv_t
-            return inputs, [residuals, graphs.prior_delta + closed_form]
+            if numerical:  # the curvature term is added by DifferencedResiduals
+                return inputs, [graphs.ratios, slope, data_free]
+            try:
+                second = jvp(jvp(at_t, t, v), t, u)  # uᵀ H_i v
+            except NO_DERIVATIVE as err:
+                raise _NoSecondDerivative(err) from err
+            curvature = clone_replace(second, {t: self._theta, u: delta, v: w})
+            return inputs, [graphs.ratios - second_order(slope, curvature) * inv_t, data_free]
 
         inputs = [x_cur, x_prop, inv_t, *graphs.data]
         source = [graphs.row_loglik, graphs.ratios, graphs.prior_delta,
@@ -467,14 +393,10 @@ class TaylorEstimator(RatioEstimator):
             fn = compile_([graphs.flat, *inputs], source, recipe="TaylorEstimator._compile_delta",
                           derive=functools.partial(derive, False))
         except _NoSecondDerivative as missing:
-            err = missing.args[0]
-            self.numerical_curvature = (
-                f"no gradient of {err.args[-1]}" if isinstance(err, MethodNotDefined)
-                and len(err.args) == 3 else f"{type(err).__name__}: {err}"
-            )
+            self.numerical_curvature = missing_derivative(missing.args[0])
         else:
             return direct_call(fn)
-        # The residuals without the curvature term, and the directional derivatives in two
+        # The ratios and first-order terms, and the directional derivatives in two
         # directions at a point, each compiled once (small graphs: compiled fast, and in
         # Numba where the model's ops allow).
         first_order = compile_([graphs.flat, *inputs], source,
@@ -488,8 +410,8 @@ class TaylorEstimator(RatioEstimator):
         directions = compile_([graphs.flat, *graphs.data], [graphs.row_loglik],
                               recipe="TaylorEstimator._compile_delta.directions",
                               derive=derive_directions)
-        return _DifferencedResiduals(direct_call(first_order), direct_call(directions),
-                                     self._theta, self._steps)
+        return DifferencedResiduals(direct_call(first_order), direct_call(directions),
+                                    self._theta, self._steps)
 
     # ---------------------------------------------------------------- per chain
     def _set_reference(self, ref: TaylorReference) -> None:
@@ -623,54 +545,3 @@ class TaylorEstimator(RatioEstimator):
 
         """
         return self.reference.laplace_covariance(temperature)
-
-
-class _DifferencedResiduals:
-    r"""The per-row function of :class:`TaylorEstimator` with a differenced curvature.
-
-    ``fn(x_cur, x_prop, inv_temperature, *rows) -> (residuals, data_free)`` as the
-    symbolic one, with the term ``½ δᵀĤ_i w`` of each row from central differences of
-    its gradient at θ̂: ``Ĥ_i`` is the symmetrised matrix whose column ``j`` is
-    ``[g_i(θ̂ + h_j e_j) − g_i(θ̂ − h_j e_j)] / (2 h_j)`` (steps from
-    :func:`difference_steps`), so ``δᵀĤ_i w = ½ Σ_j (w_j D_j(δ) + δ_j D_j(w))`` with
-    ``D_j(a)`` the difference of the directional derivative ``g_iᵀa``. Summed over the
-    rows it is the Hessian of :class:`DifferencedChunkSums` (the closed form's), so Δ*
-    stays unbiased. One call of the compiled residuals without that term, and ``2d``
-    calls of the compiled directional derivatives (both directions at a point), each
-    over all the given rows.
-
-    Parameters
-    ----------
-    first_order : callable
-        ``(x_cur, x_prop, inv_temperature, *rows) -> (residuals without the curvature
-        term, data_free)``.
-    directions : callable
-        ``(t, a, b, *rows) -> (g_i(t)ᵀa, g_i(t)ᵀb)``.
-    theta, steps : pytensor.compile.sharedvalue.SharedVariable
-        θ̂ and the steps at θ̂ (read at each call).
-
-    """
-
-    __slots__ = ("first_order", "directions", "theta", "steps")
-
-    def __init__(self, first_order: Any, directions: Any, theta: Any, steps: Any) -> None:
-        self.first_order, self.directions = first_order, directions
-        self.theta, self.steps = theta, steps
-
-    def __call__(self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64],
-                 inv_temperature: NDArray[np.float64], *rows: NDArray[Any]) -> tuple[Any, Any]:
-        """Residuals and the data-free part of the rows ``rows`` (see the class)."""
-        residuals, data_free = self.first_order(x_cur, x_prop, inv_temperature, *rows)
-        theta = self.theta.get_value(borrow=True)
-        steps = self.steps.get_value(borrow=True)
-        delta = x_prop - x_cur
-        w = x_prop + x_cur - 2.0 * theta
-        curvature = np.zeros(np.shape(residuals))
-        for j, step in enumerate(steps):  # the d coordinates, each over all the rows
-            shift = np.zeros_like(theta)
-            shift[j] = step
-            plus = [np.array(a) for a in self.directions(theta + shift, delta, w, *rows)]
-            minus = self.directions(theta - shift, delta, w, *rows)
-            curvature += (w[j] * (plus[0] - minus[0]) + delta[j] * (plus[1] - minus[1])) / (
-                4.0 * step)
-        return residuals - 0.5 * curvature * inv_temperature, data_free

@@ -50,7 +50,7 @@ def check_variables(
 ) -> None:
     """Refuse discrete sampled variables, unless the step samples them (``allow_discrete``).
 
-    Only :class:`~pymc_minibatch_mh.step_methods.gibbs.MinibatchGibbs` passes
+    Only :class:`~pymc_minibatch_mh.step_methods.minibatch_gibbs.MinibatchGibbs` passes
     ``allow_discrete=True`` (and checks the distributions itself); the continuous steps
     keep the refusal.
     """

@@ -28,16 +28,12 @@ from numpy.typing import NDArray
 from pymc.util import get_value_vars_from_user_vars
 from pytensor.graph.basic import Variable
 
-from pymc_minibatch_mh.errors import ModelNotSupportedError
+from pymc_minibatch_mh.errors import ModelNotSupportedError, StartPointError
 from pymc_minibatch_mh.model.checks import validate_split
 from pymc_minibatch_mh.model.compat import default_mode
+from pymc_minibatch_mh.model.compilation import C_MODE, compile_derived, compile_function
 from pymc_minibatch_mh.model.graph import checks_as_ninf, observed_source
-from pymc_minibatch_mh.model.internals import (
-    C_MODE,
-    compile_derived,
-    compile_function,
-    direct_call,
-)
+from pymc_minibatch_mh.model.internals import direct_call
 from pymc_minibatch_mh.model.split import split_model
 from pymc_minibatch_mh.store.registry import make_store, resolve_data
 from pymc_minibatch_mh.store.row_store import RowStore
@@ -73,9 +69,9 @@ def validation_mode(n_rows: int) -> str:
     the per-step functions' backend
     (:func:`~pymc_minibatch_mh.model.compat.default_mode`, Numba: 0.2–1 s to compile,
     2.6–3.7 s for its first call with Numba's cache empty, against 10–12 s for C with
-    PyTensor's), where :func:`~pymc_minibatch_mh.model.internals.compile_function` sends
+    PyTensor's), where :func:`~pymc_minibatch_mh.model.compilation.compile_function` sends
     a graph with an op that Numba lacks to C. From :data:`VALIDATION_C_ROWS` rows on it
-    goes to C (:data:`~pymc_minibatch_mh.model.internals.C_MODE`) at once on both
+    goes to C (:data:`~pymc_minibatch_mh.model.compilation.C_MODE`) at once on both
     PyTensor lines, where the graph's products of a float32 design run as
     :class:`~pymc_minibatch_mh.model.graph.UpcastDot` (see
     :func:`~pymc_minibatch_mh.model.graph.reference_graph`), which Numba lacks. Below
@@ -214,7 +210,7 @@ class MinibatchLikelihood:
         function is that of the inputs and outputs ``derive()`` returns, derived from the
         graph of ``inputs`` and ``outputs`` by the derivation ``recipe`` names; it is
         derived only when it is not in the cache (see
-        :func:`~pymc_minibatch_mh.model.internals.compile_derived`).
+        :func:`~pymc_minibatch_mh.model.compilation.compile_derived`).
         """
         def as_ninf(outs: Any) -> Any:
             if isinstance(outs, Variable):
@@ -333,7 +329,7 @@ class MinibatchLikelihood:
         return np.concatenate([self._rows_fn(x, *chunk) for chunk in self.store.chunks()])
 
     def check_point(self, point: Mapping[str, Any], rows: bool = True,
-                    prior: float | None = None) -> None:
+                    prior: float | None = None, fix: str = "initvals=...") -> None:
         """Raise a clear error if the log-probability at ``point`` is not finite.
 
         ``rows=True``: every row's log-likelihood is evaluated (one O(N) pass);
@@ -341,6 +337,13 @@ class MinibatchLikelihood:
         made on the same data found every row finite. ``prior``: the log prior at the
         point, where the caller has it (the set-up's, at θ̂), instead of evaluating it
         (which compiles the prior's function on first use); None or NaN: not known.
+        ``fix``: where the user gives other initial values (a chain's start:
+        ``pm.sample``'s ``initvals=``).
+
+        Raises
+        ------
+        StartPointError
+            If a value, the prior or a row's log-likelihood is not finite at ``point``.
         """
         missing = [name for name in self.other_shared if name not in point]
         if missing:
@@ -355,15 +358,15 @@ class MinibatchLikelihood:
             prior = self.prior(x)
         bad_vars = [k for k, v in point.items() if not np.all(np.isfinite(np.asarray(v, float)))]
         if bad_vars:
-            raise ModelNotSupportedError(
+            raise StartPointError(
                 f"The start point has non-finite values for {bad_vars}. Give finite initial "
-                "values (initvals=...) or let PyMC choose them."
+                f"values ({fix}) or let PyMC choose them."
             )
         if not math.isfinite(prior):
-            raise ModelNotSupportedError(
+            raise StartPointError(
                 f"The prior log-probability (with Jacobians and Potentials) is {prior} at the "
                 f"start point {dict(point)}. Choose initial values inside the support "
-                "(initvals=...)."
+                f"({fix})."
             )
         if not rows:
             return
@@ -375,11 +378,11 @@ class MinibatchLikelihood:
             n_bad += bad
             start += rows
         if first is not None:
-            raise ModelNotSupportedError(
+            raise StartPointError(
                 f"The log-likelihood is not finite at the start point for {n_bad} of "
                 f"{start} observations (first at row {first[0]}: {first[1]}). "
                 "Choose initial values under which every observation has positive "
-                "likelihood (initvals=...), or check the data for invalid values."
+                f"likelihood ({fix}), or check the data for invalid values."
             )
 
 

@@ -8,7 +8,6 @@ adapts a proposal's scale from outside.
 """
 
 from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalState
-from pymc_minibatch_mh.proposals.blackjax_nuts import BlackjaxNUTSProposal
 from pymc_minibatch_mh.proposals.crank_nicolson import CrankNicolsonProposal
 from pymc_minibatch_mh.proposals.gradient import SurrogateHMCProposal, SurrogateLangevinProposal
 from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
@@ -20,10 +19,9 @@ from pymc_minibatch_mh.proposals.surrogate import (
     GaussianSurrogate,
     SurrogatePosterior,
 )
-from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
+from pymc_minibatch_mh.proposals.surrogate_transition import SurrogateTransitionProposal
 
 __all__ = [
-    "BlackjaxNUTSProposal",
     "Centring",
     "CrankNicolsonProposal",
     "GaussianSurrogate",

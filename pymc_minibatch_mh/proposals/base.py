@@ -69,8 +69,7 @@ class ProposalState:
         (Crank–Nicolson).
     carry : object or None
         Anything else a proposal carries to its next call at this point, in its own
-        form (the compiled NUTS's JAX arrays; the surrogate NUTS's coordinates, density
-        and gradient).
+        form (the surrogate NUTS's coordinates, density and gradient).
 
     """
 
@@ -150,9 +149,26 @@ class Proposal(ABC):
     def propose(
         self, rng: np.random.Generator, state: ProposalState, scale: float
     ) -> tuple[ProposalState, ProposalInfo]:
-        """The proposed state and what the proposal used (see :class:`ProposalInfo`).
+        """The proposed state and what the proposal used.
 
-        ``state.x`` is not modified; the returned state's ``x`` is a new array.
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The source of the proposal's random draws.
+        state : ProposalState
+            The current point ``θ = state.x`` (not modified) and what the proposal
+            computed there (see :meth:`init`).
+        scale : float
+            What the step's scale tuner adapts (ignored when :attr:`uses_scale` is
+            False); each proposal says what it means.
+
+        Returns
+        -------
+        state : ProposalState
+            The proposal θ′ (its ``x`` a new array) and what the proposal computed there.
+        info : ProposalInfo
+            The log-q ratio ``log q(θ | θ′) − log q(θ′ | θ)`` and the parameters used.
+
         """
 
     def start_chain(self, rng: np.random.Generator) -> None:  # noqa: B027 (optional hook)

@@ -196,25 +196,14 @@ class CrankNicolsonProposal(Proposal):
     def propose(
         self, rng: np.random.Generator, state: ProposalState, scale: float
     ) -> tuple[ProposalState, ProposalInfo]:
-        """Draw ``θ'`` given ``θ = state.x``; return its state and the log-q ratio.
+        """``z′ = ρz + √(1 − ρ²)ξ`` in the whitened coordinates ``z = L⁻¹(θ − θ̂)``.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of the innovation ``ξ`` (``d`` standard normals).
-        state : ProposalState
-            The current point and its whitened coordinates (see :meth:`init`).
-        scale : float
-            Positive; ``√(1 − ρ²)`` up to 1, an over-relaxed move above (see the class
-            notes); values above :attr:`max_scale` are clamped to it.
-
-        Returns
-        -------
-        state : ProposalState
-            The proposal θ′ (a new array) and its whitened coordinates.
-        info : ProposalInfo
-            The log-q ratio ``½‖z′‖² − ½‖z‖²`` (see the class notes), the scale used and ρ.
-
+        :meth:`Proposal.propose <pymc_minibatch_mh.proposals.base.Proposal.propose>` with:
+        ``ξ`` the ``d`` standard normals drawn from ``rng``; ``z`` carried by ``state``
+        (see :meth:`init`) and ``z′`` by the new state; ``scale`` positive, ``√(1 − ρ²)``
+        up to 1 and an over-relaxed move above (see the class notes), clamped to
+        :attr:`max_scale`; the info's log-q ratio ``½‖z′‖² − ½‖z‖²`` (see the class
+        notes), with the scale used and ρ.
         """
         scale = self._clamp(scale)
         rho, innovation = self._coefficients(scale)

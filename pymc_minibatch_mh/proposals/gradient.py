@@ -101,28 +101,17 @@ class _WhitenedGradientProposal(Proposal):
     def propose(
         self, rng: np.random.Generator, state: ProposalState, scale: float
     ) -> tuple[ProposalState, ProposalInfo]:
-        """Draw ``θ'`` given ``θ = state.x``; return its state and the log ratio.
+        """A MALA move or an HMC trajectory from ``θ = state.x``, and its log ratio.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of ``d`` standard normals: the noise ``ξ`` of MALA, the whitened
-            momentum ``u`` of HMC.
-        state : ProposalState
-            The current point and its whitened gradient (see :meth:`init`).
-        scale : float
-            Step size: ``h > 0`` for MALA, the leapfrog step size ``ε > 0`` for HMC.
-
-        Returns
-        -------
-        state : ProposalState
-            The proposal (for HMC the end of the trajectory; a new array) and its
-            whitened gradient.
-        info : ProposalInfo
-            ``log q(θ|θ′) − log q(θ′|θ)`` for MALA, the kinetic-energy difference
-            ``½‖u‖² − ½‖u′‖²`` for HMC (see the class notes); ``−inf`` if a gradient is
-            not finite (then, if it is the one at ``x``, the proposal is a copy of ``x``).
-
+        :meth:`Proposal.propose <pymc_minibatch_mh.proposals.base.Proposal.propose>` with:
+        ``d`` standard normals drawn from ``rng`` (the noise ``ξ`` of MALA, the whitened
+        momentum ``u`` of HMC); the whitened gradient carried by ``state`` (see
+        :meth:`init`) and by the new state (for HMC, at the end of the trajectory);
+        ``scale`` the step size, ``h > 0`` for MALA and the leapfrog step size ``ε > 0``
+        for HMC; the info's ratio ``log q(θ|θ′) − log q(θ′|θ)`` for MALA and the
+        kinetic-energy difference ``½‖u‖² − ½‖u′‖²`` for HMC (see the class notes),
+        ``−inf`` if a gradient is not finite (then, if it is the one at ``x``, the
+        proposal is a copy of ``x``).
         """
         step = check_scale(scale, self._scale_label)
         x = state.x

@@ -1,18 +1,18 @@
 r"""Surrogate NUTS: one iteration of PyMC's NUTS on the data-free surrogate posterior.
 
-The surrogate transition (:mod:`~pymc_minibatch_mh.proposals.transition`) makes
-any kernel that is reversible with respect to the surrogate posterior ``π̃`` a proposal
-with the exact ratio ``q(θ | θ′)/q(θ′ | θ) = π̃(θ)/π̃(θ′)``. Its fixed HMC trajectories
-preconditioned by the Laplace fit fail where the posterior is curved: on a hierarchical
-model's ridge in (μ, log τ, z) the right step size and trajectory length change along the
-ridge. NUTS chooses the trajectory's length at every iteration, and PyMC's NUTS adapts
-its step size and mass matrix while tuning (dense up to :data:`DENSE_MASS_MAX_DIM`
-dimensions; above, diagonal in coordinates whitened by the Laplace fit's covariance):
-:class:`SurrogateNUTSProposal`
-runs one iteration of ``pymc.NUTS`` on a model whose only term is ``log π̃`` (the prior,
-with Jacobians, plus the closed-form full-data sum of the control variates' expansions,
-as a PyTensor graph). It touches no data: a leapfrog step costs the gradient of the
-closed form, O(k²) for k coefficients, against O(N) for NUTS on the model itself.
+The surrogate transition (:mod:`~pymc_minibatch_mh.proposals.surrogate_transition`)
+makes any kernel that is reversible with respect to the surrogate posterior ``π̃`` a
+proposal with the exact ratio ``q(θ | θ′)/q(θ′ | θ) = π̃(θ)/π̃(θ′)``. Its fixed HMC
+trajectories preconditioned by the Laplace fit fail where the posterior is curved: on a
+hierarchical model's ridge in (μ, log τ, z) the right step size and trajectory length
+change along the ridge. NUTS chooses the trajectory's length at every iteration, and
+PyMC's NUTS adapts its step size and mass matrix while tuning (dense up to
+:data:`DENSE_MASS_MAX_DIM` dimensions; above, diagonal in coordinates whitened by the
+Laplace fit's covariance): :class:`SurrogateNUTSProposal` runs one iteration of
+``pymc.NUTS`` on a model whose only term is ``log π̃`` (the prior, with Jacobians, plus
+the closed-form full-data sum of the control variates' expansions, as a PyTensor graph).
+It touches no data: a leapfrog step costs the gradient of the closed form, O(k²) for k
+coefficients, against O(N) for NUTS on the model itself.
 
 Correctness: after tuning, NUTS with a fixed step size (randomly jittered, independently
 of the state) and mass matrix is reversible with respect to its target, so the log-q ratio
@@ -26,16 +26,19 @@ Trajectories: PyMC's NUTS does everything around a trajectory (the momentum draw
 step-size jitter and adaptation, the mass matrix's adaptation); the trajectory itself is
 PyMC's tree compiled with Numba (:mod:`~pymc_minibatch_mh.proposals.nuts_tree`), one call
 per iteration that evaluates π̃ at its leapfrog steps through the same compiled density
-(the same proposals as PyMC's tree, to rounding: with the changes below, 0.36–0.49 →
-about 0.23 ms per transition all in on the zoo's random intercepts). After tuning, NUTS
+(the same proposals as PyMC's tree, to rounding; about 0.23 ms per transition all in on
+the zoo's random intercepts, against 0.36–0.49 ms with PyMC's tree). The step is a
+subclass of ``pymc.NUTS`` whose ``_hamiltonian_step`` (the method PyMC's ``BaseHMC``
+leaves to its subclasses, the same on PyMC 5 and 6) makes that call. After tuning, NUTS
 no longer adapts, and the proposal makes its iteration itself around the compiled tree:
 the momentum draw, the start's energy and the averaged step size through the step's own
 objects (:func:`~pymc_minibatch_mh.model.internals.tuned_nuts_start`), so the same draws
 as PyMC's ``astep``, without its raveled points, start state, adaptation calls and stats
-(the kernel's transition on the zoo's random intercepts: 114 → 94 µs on PyMC 5, 93 → 79
-µs on PyMC 6). Where π̃'s density could not be compiled with Numba (an operation without
-a Numba implementation), PyMC's tree in Python builds the trajectories, and the step says
-so with a warning at construction. A dense mass matrix's momenta are drawn through LAPACK directly
+(the kernel's transition on the zoo's random intercepts: 94 µs on PyMC 5 and 79 µs on
+PyMC 6, against 114 and 93 µs through ``astep``). Where π̃'s density could not be
+compiled with Numba (an operation without a Numba implementation), PyMC's tree in Python
+builds the trajectories, and the step says so with a warning at construction. A dense
+mass matrix's momenta are drawn through LAPACK directly
 (:func:`~pymc_minibatch_mh.model.internals.fast_momentum`: the same draws, about 10 µs
 less each).
 
@@ -65,7 +68,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
@@ -75,11 +79,11 @@ from numpy.typing import NDArray
 from pytensor.graph.replace import graph_replace
 
 from pymc_minibatch_mh.model.compat import default_mode, start_inner_chain
+from pymc_minibatch_mh.model.compilation import build_without_object_mode
 from pymc_minibatch_mh.model.graph import clone_replace
 from pymc_minibatch_mh.model.internals import (
     DirectCall,
     adaptation_window,
-    build_without_object_mode,
     diag_adapt_potential,
     fast_momentum,
     full_adapt_potential,
@@ -91,7 +95,6 @@ from pymc_minibatch_mh.model.internals import (
     raise_wrapped_interrupt,
     raveled_point_info,
     set_adaptation_window,
-    set_hamiltonian_step,
     set_nuts_density,
     set_step_tuning,
     tuned_nuts_end,
@@ -116,6 +119,28 @@ __all__ = ["DENSE_MASS_MAX_DIM", "SurrogateNUTSProposal"]
 DENSE_MASS_MAX_DIM = 50
 
 _Vec = NDArray[np.float64]
+
+
+class _TreeNUTS(pm.NUTS):
+    """PyMC's NUTS whose trajectories ``trajectory`` builds when it is set.
+
+    PyMC's NUTS builds a trajectory in ``_hamiltonian_step(start, p0, step_size)`` (the
+    same method on PyMC 5 and 6), the method PyMC's ``BaseHMC`` leaves to its subclasses;
+    everything around it (momentum, step-size jitter and adaptation, the mass matrix's
+    adaptation, stats) stays PyMC's.
+    """
+
+    #: ``(start, p0, step_size) -> HMCStepData``, called with ``_hamiltonian_step``'s
+    #: arguments (PyMC's start ``State``, the momentum, the jittered step size) and
+    #: returning what it returns
+    #: (:func:`~pymc_minibatch_mh.model.internals.hamiltonian_step_data`); None: PyMC's
+    #: tree in Python.
+    trajectory: Callable[[Any, _Vec, float], Any] | None = None
+
+    def _hamiltonian_step(self, start: Any, p0: _Vec, step_size: float) -> Any:
+        if self.trajectory is None:
+            return super()._hamiltonian_step(start, p0, step_size)
+        return self.trajectory(start, p0, step_size)
 
 
 class SurrogateNUTSProposal(Proposal):
@@ -194,8 +219,9 @@ class SurrogateNUTSProposal(Proposal):
         # would run in object mode) measured 1.5 × faster per call on the zoo's crossed
         # model, and no slower to build.
         self.nuts, _ = build_without_object_mode(
-            lambda mode: pm.NUTS(vars=[x], model=self.model, target_accept=target_accept,
-                                 max_treedepth=max_treedepth, potential=potential, mode=mode),
+            lambda mode: _TreeNUTS(vars=[x], model=self.model, target_accept=target_accept,
+                                   max_treedepth=max_treedepth, potential=potential,
+                                   mode=mode),
             default_mode())
         self._adaptation_window = adaptation_window(potential)
         self._point_info = raveled_point_info("x", dim)
@@ -213,7 +239,7 @@ class SurrogateNUTSProposal(Proposal):
                               and nuts_mass(self.nuts.potential) is not None)
         self._tree: CompiledTree | None = None
         if self.compiled_tree:
-            set_hamiltonian_step(self.nuts, self._trajectory)
+            self.nuts.trajectory = self._trajectory
         else:
             warnings.warn(
                 "The surrogate NUTS builds its trajectories with PyMC's tree in Python "
@@ -237,7 +263,7 @@ class SurrogateNUTSProposal(Proposal):
         return kept[0], kept[1].copy()
 
     def _trajectory(self, start: object, p0: _Vec, step_size: float) -> object:
-        """One NUTS trajectory as one compiled call, in place of PyMC's ``_hamiltonian_step``.
+        """One NUTS trajectory as one compiled call (the NUTS step's ``trajectory``).
 
         The call is :func:`~pymc_minibatch_mh.proposals.nuts_tree.build_tree`.
         """

@@ -21,9 +21,9 @@ floating-point rounding (the tests compare the two trajectory by trajectory).
 
 Everything around the tree (momentum draw, step-size jitter and adaptation, mass-matrix
 adaptation, stats and warnings) stays PyMC's while NUTS tunes:
-:mod:`~pymc_minibatch_mh.proposals.nuts` puts this function in place of the step's
-``_hamiltonian_step``. After tuning that module calls it directly, with PyMC's momentum
-draw and averaged step size.
+:mod:`~pymc_minibatch_mh.proposals.nuts` runs a subclass of PyMC's NUTS whose
+``_hamiltonian_step`` calls this function. After tuning that module calls it directly,
+with PyMC's momentum draw and averaged step size.
 
 Compilation: :class:`CompiledTree` compiles :func:`build_tree` for the density's types,
 with the density as a first-class function of that signature (not as the particular
@@ -44,6 +44,10 @@ from numba.core.types.function_type import WrapperAddressProtocol
 from numba.experimental.function_type import _get_wrapper_address
 
 __all__ = ["CompiledTree", "build_tree"]
+
+#: The velocity's row in the tree's arrays of a leaf (rows: position, momentum,
+#: velocity, gradient).
+_V = 2
 
 
 @numba.njit(cache=True)
@@ -154,18 +158,20 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
     """
     d = q0.shape[0]
     levels = max_treedepth + 1
-    # The trajectory's two ends (0 left, 1 right): position, momentum, velocity, gradient,
-    # index in the trajectory.
-    end_q = np.empty((2, d))
-    end_p = np.empty((2, d))
-    end_v = np.empty((2, d))
-    end_g = np.empty((2, d))
+    # The front: the leaf being integrated. Its position, momentum, velocity and gradient
+    # are the rows of one array, so that the trajectory's two ends (0 left, 1 right), in
+    # the same layout, are copied from and to it whole (their indices in the trajectory
+    # apart).
+    front = np.empty((4, d))
+    q, p, v, g = front[0], front[1], front[2], front[3]
+    q[:] = q0
+    p[:] = p0
+    v[:] = v0
+    g[:] = grad0
+    ends = np.empty((2, 4, d))
+    ends[0] = front
+    ends[1] = front
     end_i = np.zeros(2, dtype=np.int64)
-    for e in range(2):
-        end_q[e] = q0
-        end_p[e] = p0
-        end_v[e] = v0
-        end_g[e] = grad0
     # The subtree under construction: a stack of completed halves. A half's "first" leaf
     # is the one integrated first (next to the tree), its "last" the farthest. The
     # proposals' arrays have one more row, ``tree``: the whole tree's proposal.
@@ -188,11 +194,7 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
     s_prop_energy[tree] = energy0
     log_size = 0.0
     p_sum = p0.copy()
-    # The leaf being integrated, the extended end as it was, scratch space.
-    q = np.empty(d)
-    p = np.empty(d)
-    v = np.empty(d)
-    g = np.empty(d)
+    # The extended end as it was, scratch space.
     old_p = np.empty(d)
     old_v = np.empty(d)
     old_sum = np.empty(d)
@@ -210,11 +212,9 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
         side = 1 if direction > 0 else 0
         epsilon = step_size * direction
         half = 0.5 * epsilon
-        q[:] = end_q[side]
-        p[:] = end_p[side]
-        g[:] = end_g[side]
+        front[:] = ends[side]
         old_p[:] = p
-        old_v[:] = end_v[side]
+        old_v[:] = v
         index = end_i[side]
         top = 0
         failed = False
@@ -288,10 +288,7 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
             if failed:
                 break
         # The end moves even when the extension fails, as PyMC's does (then it is unused).
-        end_q[side] = q
-        end_p[side] = p
-        end_v[side] = v
-        end_g[side] = g
+        ends[side] = front
         end_i[side] = index
         depth += 1
         if failed:
@@ -304,15 +301,15 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
         old_sum[:] = p_sum
         for i in range(d):
             p_sum[i] += s_p_sum[0, i]
-        if _turned(p_sum, end_v[0], end_v[1]):
+        if _turned(p_sum, ends[0, _V], ends[1, _V]):
             break
         # PyMC's additional checks: the left half and the right half of the new tree.
         if direction > 0:  # the old tree, then the subtree from its first leaf
-            turned = _extra_checks(old_sum, s_p_sum[0], end_v[0], old_p, old_v, s_first_p[0],
-                                   s_first_v[0], s_last_v[0], work)
+            turned = _extra_checks(old_sum, s_p_sum[0], ends[0, _V], old_p, old_v,
+                                   s_first_p[0], s_first_v[0], s_last_v[0], work)
         else:  # the subtree from its last leaf, then the old tree
             turned = _extra_checks(s_p_sum[0], old_sum, s_last_v[0], s_first_p[0],
-                                   s_first_v[0], old_p, old_v, end_v[1], work)
+                                   s_first_v[0], old_p, old_v, ends[1, _V], work)
         if turned:
             break
     else:

@@ -16,10 +16,6 @@
 - ``"surrogate_nuts"``: one iteration of PyMC's NUTS on the surrogate posterior
   (:mod:`~pymc_minibatch_mh.proposals.nuts`), for posteriors that are curved even
   at large N (hierarchical models).
-- ``"blackjax_nuts"``: the same move compiled end to end, one iteration of blackjax's NUTS
-  on the surrogate posterior translated to JAX
-  (:mod:`~pymc_minibatch_mh.proposals.blackjax_nuts`; the ``jax`` extra); its step size
-  and mass matrix are adapted on the surrogate at each chain start.
 - ``"auto"`` (the default): with control variates, ``"crank_nicolson"`` when the per-row
   quantities are affine in θ (GLMs; the expansion in θ) and ``"surrogate_nuts"`` when they
   are not (``mu + tau * z[g]``); ``"random_walk"`` without control variates (and with
@@ -50,23 +46,23 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.proposals.base import Proposal
-from pymc_minibatch_mh.proposals.blackjax_nuts import BlackjaxNUTSProposal
 from pymc_minibatch_mh.proposals.crank_nicolson import CrankNicolsonProposal
 from pymc_minibatch_mh.proposals.gradient import SurrogateHMCProposal, SurrogateLangevinProposal
 from pymc_minibatch_mh.proposals.nuts import SurrogateNUTSProposal
 from pymc_minibatch_mh.proposals.random_walk import RandomWalkProposal
 from pymc_minibatch_mh.proposals.surrogate import SurrogatePosterior
-from pymc_minibatch_mh.proposals.transition import SurrogateTransitionProposal
+from pymc_minibatch_mh.proposals.surrogate_transition import SurrogateTransitionProposal
 
 __all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal"]
 
 #: The names ``proposal=`` accepts.
 PROPOSALS: tuple[str, ...] = (
     "auto", "random_walk", "crank_nicolson", "mala", "hmc", "surrogate_transition",
-    "surrogate_nuts", "blackjax_nuts",
+    "surrogate_nuts",
 )
 
-#: The ``proposal`` sample stat: a code per proposal ``name`` (-1: any other proposal).
+#: The ``proposal`` sample stat: a code per proposal ``name`` (-1: any other proposal). A
+#: code, once given, keeps its meaning: recorded traces stay readable.
 PROPOSAL_CODES: dict[str, int] = {
     "random_walk": 0,
     "crank_nicolson": 1,
@@ -75,7 +71,6 @@ PROPOSAL_CODES: dict[str, int] = {
     "sgld": 4,
     "surrogate_transition": 5,
     "surrogate_nuts": 6,
-    "blackjax_nuts": 7,
     "stiefel_random_walk": 8,
 }
 
@@ -178,8 +173,6 @@ def make_proposal(
         return SurrogateHMCProposal(post.gradient, post.laplace)
     if kind == "surrogate_nuts":
         return SurrogateNUTSProposal(post)
-    if kind == "blackjax_nuts":
-        return BlackjaxNUTSProposal(post)
     return SurrogateTransitionProposal(post)
 
 

@@ -233,24 +233,13 @@ class StochasticLangevinProposal(Proposal):
     def propose(
         self, rng: np.random.Generator, state: ProposalState, scale: float
     ) -> tuple[ProposalState, ProposalInfo]:
-        """Draw θ′ by one SGLD move from ``θ = state.x``; return θ′ and the log-q ratio.
+        """θ′ by one SGLD move from ``θ = state.x``, and the log-q ratio.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of the minibatch and of the ``d`` standard normals ξ.
-        state : ProposalState
-            The current flat, transformed state (nothing is carried: each proposal draws
-            its own minibatch, so no gradient can be reused).
-        scale : float
-            The step size α > 0 (noise variance).
-
-        Returns
-        -------
-        state : ProposalState
-            The proposal (a new array).
-        info : ProposalInfo
-            ``log q(θ|θ′, X_n) − log q(θ′|θ, X_n)`` for the minibatch drawn, and α.
+        :meth:`Proposal.propose <pymc_minibatch_mh.proposals.base.Proposal.propose>` with:
+        the minibatch and the ``d`` standard normals ξ drawn from ``rng``; nothing carried
+        by the states (each proposal draws its own minibatch, so no gradient can be
+        reused); ``scale`` the step size α > 0 (noise variance); the info's ratio
+        ``log q(θ|θ′, X_n) − log q(θ′|θ, X_n)`` for the minibatch drawn, with α.
 
         Raises
         ------

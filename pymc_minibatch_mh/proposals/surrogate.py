@@ -39,8 +39,9 @@ import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
 
 from pymc_minibatch_mh.model.compat import default_mode
+from pymc_minibatch_mh.model.compilation import compile_function
 from pymc_minibatch_mh.model.graph import clone_replace
-from pymc_minibatch_mh.model.internals import compile_function, direct_call
+from pymc_minibatch_mh.model.internals import direct_call
 
 __all__ = ["Centring", "GaussianSurrogate", "SurrogatePosterior"]
 

@@ -2,7 +2,7 @@
 
 :func:`robbins_monro` is the one stochastic-approximation rule of the package: the step's
 :class:`ScalingTuner` adapts a proposal's ``scale`` with it, and the surrogate transition
-(:mod:`~pymc_minibatch_mh.proposals.transition`) its inner step size.
+(:mod:`~pymc_minibatch_mh.proposals.surrogate_transition`) its inner step size.
 """
 
 from __future__ import annotations

@@ -26,13 +26,14 @@ one was created, else Dask's threads.
   streams the blocks here (:meth:`DaskRowStore.chunks`), the next one computed on the
   cluster while this one is used (two blocks in memory at most).
 - **Per-step rows** come from a local buffer that a background thread refills
-  (:class:`StreamBuffer`): it draws blocks of :data:`STREAM_BLOCK` row indices i.i.d.
-  uniformly from all N, fetches those rows from the cluster (sorted, so each Dask chunk is
-  read once per block) and queues them, :data:`STREAM_DEPTH` blocks ahead. The thread
-  ends when no step has taken rows for a second (after a chain ends or is interrupted)
-  and starts again, where it stopped, when one does. A step takes the
-  next rows of this stream, skipping any row already in the step, which makes its rows a
-  uniformly random sample without replacement of all N rows, independent of every other
+  (:class:`~pymc_minibatch_mh.store.row_stream.StreamBuffer`): it draws blocks of
+  :data:`~pymc_minibatch_mh.store.row_stream.STREAM_BLOCK` row indices i.i.d. uniformly
+  from all N, fetches those rows from the cluster (sorted, so each Dask chunk is read once
+  per block) and queues them, :data:`~pymc_minibatch_mh.store.row_stream.STREAM_DEPTH`
+  blocks ahead. The thread ends when no step has taken rows for a second (after a chain
+  ends or is interrupted) and starts again, where it stopped, when one does. A step takes
+  the next rows of this stream, skipping any row already in the step, which makes its rows
+  a uniformly random sample without replacement of all N rows, independent of every other
   step (sequential rejection of repeats is exactly sampling without replacement).
 
 Faults of a ``distributed`` cluster (worker processes that die, data lost with them): Dask
@@ -40,13 +41,15 @@ itself computes again what a lost worker held and reruns a task whose worker die
 ``distributed.scheduler.allowed-failures``), so where the data can be read again (arrays
 built from files or NumPy arrays, persisted or not) the computation completes with the
 values of an undisturbed run (rows read again from files that changed are refused, as
-above), and the step logs a WARNING on the logger
-``pymc_minibatch_mh`` naming the workers that left. Where Dask cannot (data that lived
-only on a lost worker, a task that kept killing its workers, a cluster with no worker for
-:data:`NO_WORKERS_TIMEOUT` seconds, where Dask would wait forever), the full pass or the
-row stream raises :class:`~pymc_minibatch_mh.errors.DataStoreError` naming the data.
-Arrays that come back from a worker process are made aligned (PyTensor refuses the
-unaligned views that Dask's protocol may give).
+above), and the step logs a WARNING on the logger ``pymc_minibatch_mh`` naming the workers
+that left. Where Dask cannot (data that lived only on a lost worker, a task that kept
+killing its workers, a cluster with no worker for
+:data:`~pymc_minibatch_mh.store.dask_compute.NO_WORKERS_TIMEOUT` seconds, where Dask would
+wait forever), the full pass or the row stream raises
+:class:`~pymc_minibatch_mh.errors.DataStoreError` naming the data. Arrays that come back
+from a worker process are made aligned (PyTensor refuses the unaligned views that Dask's
+protocol may give). Every computation on the cluster goes through
+:func:`~pymc_minibatch_mh.store.dask_compute.compute`, which bounds these waits.
 
 Reproducibility: the row indices come from a generator seeded by one draw from the chain's
 generator at the chain start, so the same seed gives the same rows and the same draws,
@@ -58,10 +61,6 @@ sampler's draws; their law is the same.
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,133 +71,12 @@ from numpy.typing import NDArray
 from pytensor.graph.basic import Variable
 
 from pymc_minibatch_mh.errors import DataChangedError, DataStoreError
+from pymc_minibatch_mh.store.dask_compute import aligned, compute
 from pymc_minibatch_mh.store.row_store import FULL_PASS_CHUNK, RowStore, cast_rows, pass_chunks
+from pymc_minibatch_mh.store.row_stream import StreamBuffer
 from pymc_minibatch_mh.store.sources import check_missing, is_dask
 
-__all__ = [
-    "NO_WORKERS_TIMEOUT",
-    "STREAM_BLOCK",
-    "STREAM_DEPTH",
-    "DaskRowStore",
-    "StreamBuffer",
-    "row_fingerprint",
-]
-
-#: Row indices drawn (and rows fetched) per refill of the per-step buffer.
-STREAM_BLOCK = 1 << 16
-#: Blocks fetched ahead of the steps.
-STREAM_DEPTH = 3
-
-
-class StreamBuffer:
-    """A background thread that fetches blocks of uniformly drawn rows, in order.
-
-    Parameters
-    ----------
-    n_rows : int
-        N: indices are drawn uniformly from ``0 .. N − 1`` (with replacement; repeats
-        within a step are skipped by the store).
-    seed : int
-        Seed of the indices' generator (one draw from the chain's generator).
-    fetch : callable or weakref.WeakMethod
-        ``fetch(sorted_indices) -> tuple of arrays``: the rows at sorted indices. A weak
-        method lets its owner (the row store) be garbage collected while the thread runs;
-        the thread then ends.
-    block, depth : int
-        Rows per block, blocks queued ahead.
-    idle : float
-        Seconds with ``depth`` blocks queued and none taken after which the thread ends
-        (a chain that ended or was interrupted leaves no thread behind);
-        :meth:`next_block` starts it again where it stopped, so the stream of rows is the
-        same whether or not it paused.
-
-    """
-
-    def __init__(self, n_rows: int, seed: int, fetch: Callable[[NDArray[np.int64]], Any],
-                 block: int = STREAM_BLOCK, depth: int = STREAM_DEPTH,
-                 idle: float = 1.0) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        # The indices' generator, used by one thread at a time: a thread started again
-        # continues its sequence.
-        self._args = (self._queue, self._stop, np.random.default_rng(seed), n_rows, fetch,
-                      block, idle)
-        self._thread: list[threading.Thread] = []
-        self._error: BaseException | None = None
-        self._finalizer = weakref.finalize(self, _halt, self._stop, self._thread)
-        self._start()
-
-    def _start(self) -> None:
-        thread = threading.Thread(target=_fill, args=self._args,
-                                  name="pymc_minibatch_mh-stream", daemon=True)
-        self._thread[:] = [thread]
-        thread.start()
-
-    def next_block(self) -> tuple[NDArray[np.int64], tuple[NDArray[Any], ...]]:
-        """The next block: its row indices (in stream order) and their rows.
-
-        A block whose fetch failed raises its error, now and at every later call.
-        """
-        if self._error is not None:  # the fetch failed: so does every later block
-            raise self._error
-        if self._stop.is_set():
-            raise RuntimeError("The stream of rows was closed; start a new chain.")
-        while True:
-            try:
-                item = self._queue.get(timeout=_POLL)
-                break
-            except queue.Empty:
-                if not self._thread[0].is_alive():  # it ended while idle: start it again
-                    self._start()
-        if isinstance(item, BaseException):
-            self._error = item
-            raise item
-        return item
-
-    def close(self) -> None:
-        """Stop the thread (it ends within a fraction of a second)."""
-        self._finalizer()
-
-
-#: Seconds between the stream thread's checks for a stop, and the consumer's for a thread.
-_POLL = 0.1
-
-
-def _halt(stop: threading.Event, thread: list[threading.Thread]) -> None:
-    stop.set()
-    if thread and thread[0] is not threading.current_thread():
-        thread[0].join(timeout=10)
-
-
-def _fill(q: queue.Queue[Any], stop: threading.Event, rng: np.random.Generator, n_rows: int,
-          fetch: Callable[[NDArray[np.int64]], Any], block: int, idle: float) -> None:
-    while not stop.is_set():
-        waited = 0.0
-        while q.full():  # depth blocks ahead: wait for a step to take one
-            if stop.wait(_POLL):
-                return
-            waited += _POLL
-            if waited >= idle:  # no step takes rows: end (started again when one does)
-                return
-        idx = rng.integers(0, n_rows, size=block, dtype=np.int64)
-        fetch_now = fetch() if isinstance(fetch, weakref.WeakMethod) else fetch
-        if fetch_now is None:  # the store was garbage collected: nothing to fetch for
-            return
-        try:
-            order = np.argsort(idx, kind="stable")
-            fetched = fetch_now(idx[order])
-            del fetch_now  # hold the store only while fetching
-            rows = []
-            for part in fetched:
-                out = np.empty_like(part)
-                out[order] = part  # back to stream order
-                rows.append(out)
-            item: Any = (idx, tuple(rows))
-        except BaseException as err:  # noqa: BLE001 - handed to the sampling thread
-            item = err
-        q.put(item)  # never waits: this thread alone puts, and there is room
-        if isinstance(item, BaseException):
-            return
+__all__ = ["DaskRowStore", "row_fingerprint"]
 
 
 class DaskRowStore(RowStore):
@@ -365,7 +243,7 @@ class DaskRowStore(RowStore):
         return tuple([np.concatenate(p) for p in zip(*parts, strict=True)])
 
     def _fetch(self, positions: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
-        rows = _compute(self._what("the per-step rows"), *[a[positions] for a in self.arrays])
+        rows = compute(self._what("the per-step rows"), *[a[positions] for a in self.arrays])
         self._check_rows(rows, positions, "the per-step rows")
         return self._cast(list(rows)) if self._casts else tuple(rows)
 
@@ -405,7 +283,7 @@ class DaskRowStore(RowStore):
         run = dask.delayed(task, pure=True)
         tasks = [run(*shipped, start, *[a[start:start + FULL_PASS_CHUNK] for a in self.arrays])
                  for start in range(0, self.n_rows, FULL_PASS_CHUNK)]
-        return list(_compute(self._what(what), *tasks))
+        return list(compute(self._what(what), *tasks))
 
     def chunks(self, size: int = FULL_PASS_CHUNK) -> Iterator[tuple[NDArray[Any], ...]]:
         """A full pass, block by block (the next block computed while this one is used).
@@ -417,14 +295,14 @@ class DaskRowStore(RowStore):
         bounds = [(start, min(n, start + size)) for start in range(0, n, size)]
         what = self._what("a full pass")
         with ThreadPoolExecutor(max_workers=1) as ahead:
-            def compute(b: tuple[int, int]) -> Any:
-                return ahead.submit(_compute, what, *[a[b[0]:b[1]] for a in self.arrays])
+            def submit(b: tuple[int, int]) -> Any:
+                return ahead.submit(compute, what, *[a[b[0]:b[1]] for a in self.arrays])
 
-            pending = compute(bounds[0])
+            pending = submit(bounds[0])
             for k in range(len(bounds)):
                 chunk = list(pending.result())
                 if k + 1 < len(bounds):
-                    pending = compute(bounds[k + 1])
+                    pending = submit(bounds[k + 1])
                 self._check_rows(chunk, slice(*bounds[k]), "a full pass")
                 yield from pass_chunks(self._cast(chunk) if self._casts else chunk)
         self.check_unchanged()
@@ -437,9 +315,10 @@ def _apply(fn: Callable[..., Any], args: tuple[Any, ...], casts: list[Any], star
     ``fn`` gets the block cast as the store casts, in the store's calls of
     :func:`~pymc_minibatch_mh.store.row_store.pass_rows` rows (a list of its results); the
     sum is of the block's row fingerprints (:func:`row_fingerprint`). Arrays sent to a
-    worker process may arrive unaligned (see ``_aligned``).
+    worker process may arrive unaligned (see
+    :func:`~pymc_minibatch_mh.store.dask_compute.aligned`).
     """
-    args, block = _aligned(args), _aligned(block)
+    args, block = aligned(args), aligned(block)
     parts = pass_chunks(cast_rows(block, casts) if casts else block)
     return [fn(*args, *part) for part in parts], int(row_fingerprint(*block).sum(dtype=np.int64))
 
@@ -492,132 +371,3 @@ def _changed(what: str, how: str) -> DataChangedError:
         "worker). Rows from before and after the change must not be mixed: let the files "
         "be while a chain runs. The next chain start reads the data afresh."
     )
-
-
-# ------------------------------------------------------------ computing on the cluster
-#: Seconds between looks at the cluster's workers while a computation on it runs.
-_WAIT_SLICE = 1.0
-#: Seconds a computation waits with no worker in the cluster before it is refused (Dask
-#: itself waits for workers forever). The Dask config key
-#: ``pymc-minibatch-mh.no-workers-timeout`` overrides it (seconds, or a duration such as
-#: ``"5 minutes"``).
-NO_WORKERS_TIMEOUT = 60.0
-
-_log = logging.getLogger("pymc_minibatch_mh")
-
-
-def _aligned(value: Any) -> Any:
-    """``value`` with every NumPy array in it aligned (copied if it is not).
-
-    Dask's distributed protocol hands arrays over as views of its message frames, which
-    need not be aligned for their dtype; PyTensor's compiled functions refuse those.
-    """
-    if isinstance(value, np.ndarray):
-        return value if value.flags.aligned else value.copy()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_aligned(v) for v in value)
-    return value
-
-
-def _client() -> Any:
-    """The ``distributed.Client`` that ``dask.compute`` would use now, else None."""
-    import sys
-
-    if "distributed" not in sys.modules:  # no client can exist
-        return None
-    import dask.base
-    from distributed import Client
-
-    try:
-        scheduler = dask.base.get_scheduler()
-    except (RuntimeError, ValueError):
-        return None
-    client = getattr(scheduler, "__self__", scheduler)  # Client.get, or the client
-    return client if isinstance(client, Client) else None
-
-
-def _no_workers_timeout() -> float:
-    import dask
-    from dask.utils import parse_timedelta
-
-    value = dask.config.get("pymc-minibatch-mh.no-workers-timeout", NO_WORKERS_TIMEOUT)
-    return float(parse_timedelta(value, default="s"))
-
-
-def _compute(what: str, *collections: Any) -> tuple[Any, ...]:
-    """``dask.compute(*collections)``, every wait bounded on a ``distributed`` cluster.
-
-    On Dask's local schedulers this is ``dask.compute``. On a ``distributed`` cluster the
-    tasks are submitted and waited for in slices of :data:`_WAIT_SLICE` seconds. Dask
-    itself computes again what a lost worker held, and reruns a task whose worker died (up
-    to its ``distributed.scheduler.allowed-failures``); this function logs (logger
-    ``pymc_minibatch_mh``, level WARNING) that workers left during the computation,
-    refuses to wait longer than the no-workers timeout (:data:`NO_WORKERS_TIMEOUT`) for a
-    cluster with no worker, and turns Dask's errors for data it cannot compute again into
-    :class:`~pymc_minibatch_mh.errors.DataStoreError` saying ``what`` was computed.
-    """
-    import dask
-
-    client = _client()
-    if client is None:
-        return dask.compute(*collections)
-    from concurrent.futures import CancelledError
-
-    from distributed import KilledWorker
-    from distributed import wait as wait_for
-
-    start = set(client.nthreads())
-    left: set[str] = set()
-    futures = client.compute(list(collections))
-    done = False
-    try:
-        empty_since = None
-        while True:
-            try:
-                wait_for(futures, timeout=_WAIT_SLICE)
-                break
-            except TimeoutError:
-                pass
-            now = set(client.nthreads())
-            left |= start - now
-            if now:
-                empty_since = None
-                continue
-            empty_since = time.monotonic() if empty_since is None else empty_since
-            if time.monotonic() - empty_since >= _no_workers_timeout():
-                gone = f" ({', '.join(sorted(left))} left during it)" if left else ""
-                raise DataStoreError(
-                    f"The Dask cluster has had no worker for "
-                    f"{time.monotonic() - empty_since:.0f} s while {what} was computed"
-                    f"{gone}. Start workers (or restart the cluster) and sample again; to "
-                    "wait longer for workers, set the Dask config "
-                    "'pymc-minibatch-mh.no-workers-timeout' (seconds)."
-                )
-        results = client.gather(futures)
-        done = True
-    except KilledWorker as err:
-        raise DataStoreError(
-            f"Each Dask worker that ran one task of {what} died ({err.allowed_failures + 1} "
-            f"in all; distributed.KilledWorker for {err.task!r}), and Dask gave up on it. A "
-            "task that kills its worker is often one out of memory: give the workers more "
-            "memory or make the Dask arrays' chunks smaller, then sample again."
-        ) from err
-    except CancelledError as err:
-        raise DataStoreError(
-            f"Dask lost data needed for {what} and cannot compute them again ({err}). "
-            "Data held only by workers (put there with client.scatter, or arrays built "
-            "from futures) are lost with a worker that held them. Build the Dask arrays "
-            "from files or arrays that Dask can read again (dask.array.from_zarr, "
-            "from_array; .persist() keeps them so), then build the step again."
-        ) from err
-    finally:
-        if not done:
-            client.cancel(futures)
-    left |= start - set(client.nthreads())
-    if left:
-        _log.warning(
-            "%d Dask worker(s) left the cluster while %s was computed (%s). Dask computed "
-            "what they held again, or moved it, and the computation completed: its values "
-            "are those of an undisturbed run (rows read again from files that changed "
-            "are refused).", len(left), what, ", ".join(sorted(left)))
-    return tuple(_aligned(list(results)))

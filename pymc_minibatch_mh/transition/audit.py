@@ -81,17 +81,13 @@ AUDIT_STATS: dict[str, tuple[Any, list[int]]] = {
 }
 
 
-def check_audit_every(audit_every: Any, step_name: str, uses_minibatches: bool) -> int | None:
-    """Validate ``audit_every``: None (off) or a positive integer, for a minibatch test.
+def check_audit_every(audit_every: Any) -> int | None:
+    """Validate ``audit_every``: None (off) or a positive integer.
 
     Parameters
     ----------
     audit_every : int or None
         The setting.
-    step_name : str
-        Used in the error message.
-    uses_minibatches : bool
-        False for ``ExactMH``, whose decisions are exact already.
 
     Returns
     -------
@@ -101,7 +97,7 @@ def check_audit_every(audit_every: Any, step_name: str, uses_minibatches: bool) 
     Raises
     ------
     ValueError
-        For a value that is not None or a positive integer, or a step without minibatches.
+        For a value that is not None or a positive integer.
 
     """
     if audit_every is None:
@@ -110,11 +106,6 @@ def check_audit_every(audit_every: Any, step_name: str, uses_minibatches: bool) 
         raise ValueError(f"audit_every must be a positive integer or None, got {audit_every!r}.")
     if audit_every < 1:
         raise ValueError(f"audit_every must be at least 1, got {audit_every}.")
-    if not uses_minibatches:
-        raise ValueError(
-            f"{step_name} decides on the full data at every step: there is nothing to "
-            "audit. Remove audit_every=..."
-        )
     return int(audit_every)
 
 

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.core import austere
 from pymc_minibatch_mh.core.austere import DEFAULT_BATCH_SIZES, DEFAULT_EPSILONS, AustereOutcome
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
+from pymc_minibatch_mh.transition.settings import MoveSettings, StepSettings, document_parameters
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["AustereMH"]
 
 
+@document_parameters
 class AustereMH(MinibatchStep):
     r"""Random-walk Metropolis-Hastings with AustereMH's sequential t-test.
 
@@ -45,10 +49,7 @@ class AustereMH(MinibatchStep):
         Bound on the test's error used by the conservative and adaptive designs.
     batch_sizes, epsilons : sequence
         The design grid (default: Seita et al.'s, m ∈ {50, ..., 500}, ε ∈ {0.001, ..., 0.2}).
-    **kwargs
-        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
-        ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
-        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
+    {shared_parameters}
 
     Notes
     -----
@@ -90,7 +91,26 @@ class AustereMH(MinibatchStep):
         error_bound: float = 0.05,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
-        **kwargs: Any,
+        temperature: float | TemperatureSchedule = 1.0,
+        S: ArrayLike | str | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float | None = None,
+        control_variate: str | None = None,
+        reference: Mapping[str, Any] | None = None,
+        recenter: float | None = None,
+        proposal: Any = None,
+        audit_every: int | None = None,
+        steps_per_draw: int | str = "auto",
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         if design not in ("fixed", "conservative", "adaptive"):
             raise ValueError(
@@ -108,9 +128,10 @@ class AustereMH(MinibatchStep):
         self.chosen_design: austere.AustereDesign | None = None
         self._design_n: int | None = None
         self._table: Any = None
-        super().__init__(
-            vars, batch_size=batch_size if design == "fixed" else min(self.batch_sizes), **kwargs
-        )
+        if design != "fixed":
+            batch_size = min(self.batch_sizes)
+        super().__init__(vars, settings=StepSettings.take(locals()),
+                         move_settings=MoveSettings.take(locals()))
 
     def _start_chain(self, rng: Any) -> None:
         super()._start_chain(rng)

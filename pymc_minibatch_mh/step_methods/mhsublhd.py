@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.core.subsampling import (
     MHSubLhdOutcome,
@@ -13,6 +14,8 @@ from pymc_minibatch_mh.core.subsampling import (
     mhsublhd_test,
 )
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
+from pymc_minibatch_mh.transition.settings import MoveSettings, StepSettings, document_parameters
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["MHSubLhd"]
@@ -20,6 +23,7 @@ __all__ = ["MHSubLhd"]
 RangeBound = Callable[[Mapping[str, Any], Mapping[str, Any]], float]
 
 
+@document_parameters
 class MHSubLhd(MinibatchStep):
     r"""Random-walk Metropolis-Hastings with MHSubLhd's concentration-bound test.
 
@@ -51,10 +55,7 @@ class MHSubLhd(MinibatchStep):
     bernstein_serfling : bool, default True
         Multiply the first term of the bound by ``√(1 − (n − 1)/N)`` (sampling without
         replacement).
-    **kwargs
-        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
-        ``initial_point``, ``mode``, ``check_start``, ``prefetch``: as for every step method
-        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
+    {shared_parameters}
 
     Notes
     -----
@@ -88,7 +89,26 @@ class MHSubLhd(MinibatchStep):
         p: float = 2.0,
         range_bound: RangeBound | None = None,
         bernstein_serfling: bool = True,
-        **kwargs: Any,
+        temperature: float | TemperatureSchedule = 1.0,
+        S: ArrayLike | str | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float | None = None,
+        control_variate: str | None = None,
+        reference: Mapping[str, Any] | None = None,
+        recenter: float | None = None,
+        proposal: Any = None,
+        audit_every: int | None = None,
+        steps_per_draw: int | str = "auto",
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         if not (0.0 < delta < 1.0):
             raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
@@ -101,7 +121,8 @@ class MHSubLhd(MinibatchStep):
         self.p = float(p)
         self.range_bound = range_bound
         self.bernstein_serfling = bool(bernstein_serfling)
-        super().__init__(vars, batch_size=batch_size, **kwargs)
+        super().__init__(vars, settings=StepSettings.take(locals()),
+                         move_settings=MoveSettings.take(locals()))
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> MHSubLhdOutcome:
         bound: Any = None

@@ -24,13 +24,11 @@ from pymc_minibatch_mh.core.gibbs import gibbs_t_test, propose_category
 from pymc_minibatch_mh.errors import ModelNotSupportedError
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
 from pymc_minibatch_mh.model.discrete import category_counts
-from pymc_minibatch_mh.step_methods.barker import (
-    MinibatchBarker,
-    barker_correction,
-    check_barker_settings,
-)
+from pymc_minibatch_mh.step_methods.barker_checks import barker_correction, check_barker_settings
+from pymc_minibatch_mh.step_methods.minibatch_barker import MinibatchBarker
 from pymc_minibatch_mh.transition.inner_steps import merge_stats
-from pymc_minibatch_mh.transition.step import MinibatchStepBase, MinibatchStepBaseState
+from pymc_minibatch_mh.transition.settings import StepSettings, document_parameters
+from pymc_minibatch_mh.transition.step_base import MinibatchStepBase, MinibatchStepBaseState
 
 __all__ = ["MinibatchGibbs", "MinibatchGibbsState"]
 
@@ -51,6 +49,7 @@ class _FullPass:
         return self.estimator.full_pass(), math.nan, math.nan
 
 
+@document_parameters
 class MinibatchGibbs(MinibatchStepBase):
     r"""Gibbs sampling of Bernoulli and Categorical variables with a minibatch test per update.
 
@@ -85,11 +84,7 @@ class MinibatchGibbs(MinibatchStepBase):
         Scan order of the coordinates within a step.
     temperature : float, default 1.0
         K > 0: the likelihood is raised to 1/K (the prior is not).
-    **kwargs
-        ``model``, ``rng``, ``initial_point``, ``mode``, ``check_start``, ``prefetch``,
-        ``data``, ``shuffled_copy``: as for every step method of the package
-        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStepBase`); ``data=`` reads
-        per-row data larger than memory (the guide's "Data bigger than memory" page).
+    {shared_parameters}
 
     Notes
     -----
@@ -161,7 +156,15 @@ class MinibatchGibbs(MinibatchStepBase):
         correction: CorrectionDistribution | None = None,
         order: Literal["random", "systematic"] = "random",
         temperature: float = 1.0,
-        **kwargs: Any,
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         self._validate(test, epsilon, sigma, tolerance, early_decision, order)
         self.test = test
@@ -172,7 +175,7 @@ class MinibatchGibbs(MinibatchStepBase):
         self.sigma = float(sigma)
         self.tolerance = tolerance
         self.early_decision = early_decision
-        super().__init__(vars, batch_size=batch_size, temperature=temperature, **kwargs)
+        super().__init__(vars, settings=StepSettings.take(locals()))
         self._barker = BarkerTest(
             self.batch_size, self.correction, tolerance=tolerance, early_decision=early_decision
         )

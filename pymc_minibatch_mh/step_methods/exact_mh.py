@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from pymc_minibatch_mh.core.exact import ExactOutcome, exact_test
 from pymc_minibatch_mh.estimators.ratio import RatioEstimator
+from pymc_minibatch_mh.transition.schedule import TemperatureSchedule
+from pymc_minibatch_mh.transition.settings import MoveSettings, StepSettings, document_parameters
 from pymc_minibatch_mh.transition.step import MinibatchStep
 
 __all__ = ["ExactMH"]
 
 
+@document_parameters
 class ExactMH(MinibatchStep):
     r"""Random-walk Metropolis-Hastings with an exact test on all N observations.
 
@@ -28,10 +32,7 @@ class ExactMH(MinibatchStep):
     test : {"metropolis", "barker"}, default "metropolis"
         Metropolis' acceptance ``min(1, e^Δ)`` or Barker's ``1/(1 + e^{−Δ})`` (the test
         that :class:`~pymc_minibatch_mh.MinibatchBarker` approximates).
-    **kwargs
-        ``temperature``, ``S``, ``scaling``, ``tune``, ``target_accept``, ``model``, ``rng``,
-        ``initial_point``, ``mode``, ``check_start``: as for every step method
-        (:class:`~pymc_minibatch_mh.transition.step.MinibatchStep`).
+    {shared_parameters}
 
     Notes
     -----
@@ -40,7 +41,6 @@ class ExactMH(MinibatchStep):
     """
 
     name = "exact_mh"
-    supports_control_variate = False
     uses_minibatches = False
     test_stats = {"delta": (np.float64, []), "log_u": (np.float64, [])}
 
@@ -49,12 +49,28 @@ class ExactMH(MinibatchStep):
         vars: Sequence[Any] | None = None,
         *,
         test: Literal["metropolis", "barker"] = "metropolis",
-        **kwargs: Any,
+        temperature: float | TemperatureSchedule = 1.0,
+        S: ArrayLike | str | None = None,
+        scaling: float = 1.0,
+        tune: bool = True,
+        target_accept: float | None = None,
+        proposal: Any = None,
+        steps_per_draw: int | str = "auto",
+        model: Any = None,
+        rng: Any = None,
+        initial_point: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+        check_start: bool = True,
+        prefetch: int | str = "auto",
+        blocked: bool = True,
+        data: Mapping[str, Any] | None = None,
+        shuffled_copy: bool = False,
     ) -> None:
         if test not in ("metropolis", "barker"):
             raise ValueError(f"test must be 'metropolis' or 'barker', got {test!r}.")
         self.test = test
-        super().__init__(vars, **kwargs)
+        super().__init__(vars, settings=StepSettings.take(locals()),
+                         move_settings=MoveSettings.take(locals()))
 
     def _decide(self, estimator: RatioEstimator, data_free: float) -> ExactOutcome:
         return exact_test(self.rng, estimator, data_free, test=self.test)
