@@ -33,7 +33,11 @@ Run (from the repository root)::
         --models birthdays_state_poisson --draws 500 --tune 500
 
 Results are written as JSON (a header with the machine, versions, commit and command, and
-a list of records) to ``--out`` and printed as a Markdown table.
+a list of records) to ``--out`` after every model, and printed as a Markdown table;
+``--report FILE ...`` prints the summary (cold and warm ratios side by side) of earlier
+results files::
+
+    .venv/bin/python benchmarks/bench_real_zoo.py --report benchmarks/results/real_zoo.json
 """
 
 from __future__ import annotations
@@ -260,6 +264,49 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(files: list[Path]) -> str:
+    """One row per model and results file: the cold and warm ratios side by side.
+
+    "×" is the package's ESS/s over the reference's in the same run (set-up included);
+    "set-up s" the package's set-up against nutpie's compilation, in the cold run.
+    """
+    lines = ["| model | rows | PyMC | × nutpie, cold | × nutpie, warm | set-up s, cold "
+             "(package / nutpie) | R-hat (package / reference) | \\|Δmean\\|/MCSE | "
+             "\\|sd ratio − 1\\| | right |",
+             "|" + " --- |" * 10]
+    for path in files:
+        data = json.loads(Path(path).read_text())
+        pymc_version = data["machine"].get("pymc")
+        runs: dict[str, dict[str, dict]] = {}
+        for r in data["records"]:
+            runs.setdefault(r["model"], {})[f"{r['mode']}:{r.get('sampler', '')[:7]}"] = r
+        for name, by in runs.items():
+            cold, warm = by.get("cold:package"), by.get("warm:package")
+            ref_cold = next((v for k, v in by.items() if k.startswith("cold:")
+                             and not k.endswith("package")), None)
+            ref = next((v for k, v in by.items() if k.startswith("warm:")
+                        and not k.endswith("package")), ref_cold)
+            last = warm or cold
+            if last is None or last.get("status") != "ok":
+                status = (last or {}).get("status", "missing")
+                msg = ((last or {}).get("message") or "").splitlines()[0][:80] if last else ""
+                lines.append(f"| {name} | {(last or {}).get('rows', '')} | {pymc_version} | "
+                             f"{status}: {msg} |" + " |" * 6)
+                continue
+            setup = (f"{fmt(cold['model_s'] + cold['setup_s'])} / "
+                     f"{fmt(ref_cold['setup_s'])}" if cold and ref_cold and
+                     cold.get("status") == "ok" else "–")
+            rhat_ref = fmt(ref.get("rhat_max"), ".3f") if ref else "–"
+            lines.append(
+                f"| {name} | {last['rows']:,} | {pymc_version} | "
+                f"{fmt((cold or {}).get('ess_per_s_ratio'))} | "
+                f"{fmt((warm or {}).get('ess_per_s_ratio'))} | {setup} | "
+                f"{fmt(last['rhat_max'], '.3f')} / {rhat_ref} | "
+                f"{fmt(last.get('z_max'), '.1f')} | {fmt(last.get('sd_ratio_max'), '.3f')} | "
+                f"{fmt(last.get('passed'))} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import real_zoo
 
@@ -278,6 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="subsample each data set to this many rows (default: all)")
     p.add_argument("--seed", type=int, default=real_zoo.DEFAULT_SEED)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="run nothing: print the summary table of earlier results files")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", dest="mode", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -291,16 +340,21 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(HERE))
     args = parse_args(argv)
+    if args.report:
+        print(summary(args.report))
+        return
     if args.child:
         args.out.write_text(json.dumps(run_child(args), default=float))
         return
-    records = []
+    records: list[dict] = []
+    header = machine(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         records += run_model(args, name)
         print(table([r for r in records if r["model"] == name]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine(argv), "records": records},
-                                   indent=1, default=float))
+        # Written after every model, so that a long run's finished models are kept.
+        args.out.write_text(json.dumps({"machine": header, "records": records},
+                                       indent=1, default=float))
     print()
     print(table(records))
     print(f"\nwritten to {args.out}")
