@@ -97,7 +97,8 @@ def averaged_error(
     -----
     The step draws ``u ~ U(0, 1)`` and tests ``μ > μ0``; ``μ − μ0 = (Δ − log u)/N``, so
     ``D = Δ − log u = Δ + Exp(1)`` and ``μ_std = D / scale``. Averaging the error
-    ``E(μ_std)`` of the sequential test (:func:`sequential_test_error`, every look
+    ``E(μ_std)`` of the sequential test
+    (:func:`~pymc_minibatch_mh.core.austere_error.sequential_test_error`, every look
     included) over u gives ``∫_Δ^∞ e^{−(d − Δ)} E(d / scale) dd`` (Korattikara et al.
     2014, appendix B, who use the same average with signs for the error of the
     acceptance probability). ``E`` is tabulated once per design (cached; about 1–3 s) and

@@ -124,7 +124,7 @@ def barker_correction(
     Returns
     -------
     CorrectionDistribution
-        ``correction``, or :func:`~pymc_minibatch_mh.core.correction.get_correction`'s.
+        ``correction``, or :func:`~pymc_minibatch_mh.get_correction`'s.
 
     Raises
     ------

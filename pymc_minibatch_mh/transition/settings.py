@@ -13,7 +13,7 @@ and a default. What several of them share is gathered here once:
   :func:`document_parameters` puts into a step method's docstring for every keyword of
   its signature that the docstring does not document itself.
 
-A step method builds both objects with :meth:`StepSettings.take` from its own
+A step method builds both objects with :meth:`KeywordSettings.take` from its own
 ``locals()``, so a keyword reaches the code that reads it under its own name, with no
 ``**kwargs`` in between.
 """
@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "SHARED_PARAMETERS",
+    "KeywordSettings",
     "MoveSettings",
     "StepSettings",
     "document_parameters",
@@ -35,11 +36,11 @@ __all__ = [
     "signature_parameters",
 ]
 
-_Settings = TypeVar("_Settings", bound="_Taken")
+_Settings = TypeVar("_Settings", bound="KeywordSettings")
 
 
-class _Taken:
-    """A settings dataclass that can pick its fields out of a step's keywords."""
+class KeywordSettings:
+    """The base of the settings dataclasses: they pick their fields out of a step's keywords."""
 
     @classmethod
     def take(cls: type[_Settings], values: Mapping[str, Any]) -> _Settings:
@@ -48,7 +49,7 @@ class _Taken:
 
 
 @dataclass(frozen=True)
-class StepSettings(_Taken):
+class StepSettings(KeywordSettings):
     """What every step method takes besides its test's own settings."""
 
     batch_size: int = 100
@@ -65,7 +66,7 @@ class StepSettings(_Taken):
 
 
 @dataclass(frozen=True)
-class MoveSettings(_Taken):
+class MoveSettings(KeywordSettings):
     """What the Metropolis-Hastings step methods add: the proposal and the estimator."""
 
     S: Any = None

@@ -123,7 +123,9 @@ class MinibatchStep(MinibatchStepBase):
         if self.schedule is not None:
             settings = replace(settings, temperature=self.schedule(0)[0])
         #: The proposal's and the estimator's settings (the base's set-up hooks read them;
-        #: :meth:`follow_data` builds the proposal again from them).
+        #: after a change of the data,
+        #: :meth:`~pymc_minibatch_mh.transition.step_base.MinibatchStepBase.follow_data`
+        #: builds the proposal again from them).
         self.move_settings = move_settings
         super().__init__(vars, settings=settings)
 
@@ -234,7 +236,10 @@ class MinibatchStep(MinibatchStepBase):
         self.proposal = new
 
     def __getstate__(self) -> dict[str, Any]:
-        """The step's attributes, after :meth:`follow_data`.
+        """The step's attributes, after following the data.
+
+        :meth:`~pymc_minibatch_mh.transition.step_base.MinibatchStepBase.follow_data`
+        runs first.
 
         ``pm.sample`` pickles the step in its own process to send it to workers started
         with "spawn" or "forkserver" (before it asks for the progress-bar columns): a
@@ -463,8 +468,8 @@ class MinibatchStep(MinibatchStepBase):
 
         ``pm.sample`` asks for them in its own process before it starts any chain (and
         before it forks workers): the data are followed first
-        (:meth:`~MinibatchStepBase.follow_data`), so a set-up repeated on new data is made
-        once and shared by every chain.
+        (:meth:`~pymc_minibatch_mh.transition.step_base.MinibatchStepBase.follow_data`),
+        so a set-up repeated on new data is made once and shared by every chain.
         """
         self.follow_data()
         return progressbar_config(n_chains, self._tuned_stat())
