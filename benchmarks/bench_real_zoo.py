@@ -37,7 +37,8 @@ a list of records) to ``--out`` after every model, and printed as a Markdown tab
 ``--report FILE ...`` prints the summary (cold and warm ratios side by side) of earlier
 results files::
 
-    .venv/bin/python benchmarks/bench_real_zoo.py --report benchmarks/results/real_zoo.json
+    .venv/bin/python benchmarks/bench_real_zoo.py --report benchmarks/results/real_zoo.json \\
+        --plot docs/_static/real_zoo_speedup.png
 """
 
 from __future__ import annotations
@@ -307,6 +308,46 @@ def summary(files: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def plot(files: list[Path], path: Path) -> None:
+    """× nutpie (ESS/s, set-up included) against rows, cold and warm, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    markers = {"cold": "o", "warm": "^"}
+    colours = {"by hand": "tab:blue", "bambi": "tab:orange"}
+    for file in files:
+        data = json.loads(Path(file).read_text())
+        line = f"PyMC {data['machine'].get('pymc')}"
+        for r in data["records"]:
+            ratio = r.get("ess_per_s_ratio")
+            if ratio is None or r.get("mode") not in markers:
+                continue
+            right = r.get("passed")
+            ax.scatter(r["rows"], ratio, marker=markers[r["mode"]], s=55, alpha=0.85,
+                       color=colours.get(r.get("written"), "grey"),
+                       facecolors=None if right else "none", linewidths=1.2)
+        ax.set_title(f"The default step against nutpie on the real-data zoo ({line})")
+    for mode, marker in markers.items():
+        ax.scatter([], [], marker=marker, color="grey", label=f"{mode} caches")
+    for written, colour in colours.items():
+        ax.scatter([], [], marker="s", color=colour, label=f"written {written}")
+    ax.scatter([], [], marker="o", facecolors="none", color="grey",
+               label="not within the agreement rule")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rows")
+    ax.set_ylabel("ESS per second / nutpie's (set-up included)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import real_zoo
 
@@ -327,6 +368,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
                    help="run nothing: print the summary table of earlier results files")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="with --report: write the figure of the ratios against rows")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", dest="mode", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -342,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         print(summary(args.report))
+        if args.plot is not None:
+            plot(args.report, args.plot)
         return
     if args.child:
         args.out.write_text(json.dumps(run_child(args), default=float))
