@@ -24,7 +24,11 @@ value per row):
   in η is far better than in p). A negative binomial's ``p = a / (μ + a)`` (PyMC 5's
   form of ``mu=μ, alpha=a``) is ``sigmoid(log a − log μ)`` (PyMC 6's form), and peeled so.
   Parameters that depend on θ alone (``sigma``) are quantities with one constant feature (``exp``
-  peeled: the expansion is in ``log σ``). Parameters of data only stay as they are.
+  peeled: the expansion is in ``log σ``); so are those positive by their form (``1/φ``,
+  ``φ**2``, ``a * b``, ``sqrt(φ)`` of log-transformed scales: their logarithm,
+  :func:`~pymc_minibatch_mh.estimators.predictor_walk.log_form`, is affine in the
+  unconstrained values as a scale's is, so a GLM is one whatever the form of its
+  dispersion). Parameters of data only stay as they are.
 - **Decomposition.** The graph of η is walked from the top: ``+``, ``−``, unary ``−``;
   ``×`` of a sum of terms by factors of θ alone (scalars) and by per-row data; ``/`` by
   either; ``v(θ)[idx]`` with ``idx`` per-row integer data (``AdvancedSubtensor``);
@@ -67,6 +71,7 @@ from pymc_minibatch_mh.estimators.predictor_walk import (
     _row_twin,
     _strip,
     _Walker,
+    log_form,
     row_batch,
 )
 from pymc_minibatch_mh.model.graph import clone_replace, shape_constant_replacements
@@ -198,7 +203,13 @@ def _first_row(var: Constant) -> Variable:
     return pt.as_tensor(data, dtype=var.dtype)
 
 
-def _peel(param: Variable) -> tuple[str | None, Variable]:
+def _peel(param: Variable, theta_only: bool = False) -> tuple[str | None, Variable]:
+    """The link of a parameter and its quantity.
+
+    ``theta_only``: the parameter depends on θ alone; a positive-by-form one
+    (:func:`~pymc_minibatch_mh.estimators.predictor_walk.log_form`: ``1/φ``, ``φ**2``,
+    ``a * b`` of log-transformed scales) is ``exp`` of its logarithm, as a scale itself is.
+    """
     var = _strip(param)
     for name, (op_class, _) in LINKS.items():
         if _is_elemwise(var, op_class):
@@ -206,6 +217,10 @@ def _peel(param: Variable) -> tuple[str | None, Variable]:
     odds = _odds_quantity(var)
     if odds is not None:
         return "Sigmoid", odds
+    if theta_only and all(var.type.broadcastable):
+        log_var = log_form(var)
+        if log_var is not None:
+            return "Exp", log_var
     return None, var
 
 
@@ -312,7 +327,7 @@ def analyse(model: pm.Model, value_vars: Sequence[Variable],
                     f"Parameter {position} of the {where} has shape "
                     f"{tuple(graph.type.shape)}, not one value per row."
                 )
-            link, eta = _peel(graph)
+            link, eta = _peel(graph, theta_only=not walker.per_row(graph))
             try:
                 lin = walker.decompose(eta)
             except DecompositionError as err:

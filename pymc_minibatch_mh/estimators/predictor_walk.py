@@ -15,10 +15,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytensor.tensor as pt
 from pytensor.compile.ops import ViewOp
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors, io_toposort
-from pytensor.scalar.basic import Add, Exp, Identity, Log, Mul, Neg, Sub, TrueDiv
+from pytensor.scalar.basic import (
+    Add,
+    Exp,
+    Identity,
+    Log,
+    Mul,
+    Neg,
+    Pow,
+    Reciprocal,
+    Sqrt,
+    Sub,
+    TrueDiv,
+)
 from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
@@ -27,7 +40,7 @@ from pytensor.tensor.shape import SpecifyShape
 
 from pymc_minibatch_mh.model.compat import ADVANCED_INDEX_OPS
 
-__all__ = ["DecompositionError", "Term", "row_batch"]
+__all__ = ["DecompositionError", "Term", "log_form", "row_batch"]
 
 
 class DecompositionError(ValueError):
@@ -87,6 +100,47 @@ def _strip(var: Variable) -> Variable:
         else:
             break
     return var
+
+
+def log_form(var: Variable) -> Variable | None:
+    """``log(var)`` with every ``log(exp(u))`` read as ``u``, for a positive-by-form ``var``.
+
+    ``var`` is positive by its form when it is ``exp(u)``, a positive constant, or a
+    product, quotient, reciprocal, constant power or square root of such: a
+    log-transformed scale written as ``1/φ``, ``φ**2``, ``a * b`` or ``sqrt(φ)``, whose
+    logarithm is then ``−v``, ``2v``, ``v_a + v_b``, ``v/2`` in the unconstrained values:
+    affine, as that of the scale itself. None for any other form.
+    """
+    var = _strip(var)
+    if isinstance(var, Constant):
+        value = np.asarray(var.data, dtype=np.float64)
+        return pt.log(value) if value.size == 1 and float(value) > 0.0 else None
+    if var.owner is None or not isinstance(var.owner.op, Elemwise):
+        return None
+    scalar_op, inputs = var.owner.op.scalar_op, var.owner.inputs
+    if isinstance(scalar_op, Exp):
+        return _strip(inputs[0])
+    if isinstance(scalar_op, Pow):
+        base, exponent = inputs[0], _strip(inputs[1])
+        inner = log_form(base)
+        if not isinstance(exponent, Constant) or np.size(exponent.data) != 1 or inner is None:
+            return None
+        return float(np.asarray(exponent.data)) * inner
+    parts = [log_form(i) for i in inputs]
+    if any(part is None for part in parts):
+        return None
+    if isinstance(scalar_op, Mul):
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total
+    if isinstance(scalar_op, TrueDiv):
+        return parts[0] - parts[1]
+    if isinstance(scalar_op, Reciprocal):
+        return -parts[0]
+    if isinstance(scalar_op, Sqrt):
+        return 0.5 * parts[0]
+    return None
 
 
 def _n_rows(row_vars: Sequence[Variable]) -> int:
@@ -216,7 +270,7 @@ class _Walker:
                     "a per-row quantity (e.g. one latent value per row) has no data "
                     "features."
                 )
-            return Linear([Term("dense", var)], None)
+            return Linear([Term("dense", self._theta_coefficient(var))], None)
         node = var.owner
         op = node.op
         if isinstance(op, SpecifyShape | ViewOp):
@@ -232,6 +286,21 @@ class _Walker:
         if isinstance(op, CAReduce) and isinstance(op.scalar_op, Add):
             return self._sum(var)
         raise self._refuse(var)
+
+    @staticmethod
+    def _theta_coefficient(var: Variable) -> Variable:
+        """A θ-only coefficient; ``log`` of a positive-by-form scale read by :func:`log_form`.
+
+        A negative binomial's ``log a`` with ``a = 1/φ``: ``−v``, not ``log(1/exp(v))``,
+        whose derivatives PyTensor does not simplify (the affinity check then sees
+        rounding instead of a zero curvature).
+        """
+        stripped = _strip(var)
+        if _is_elemwise(stripped, Log):
+            inner = log_form(stripped.owner.inputs[0])
+            if inner is not None:
+                return inner
+        return var
 
     def _refuse(self, var: Variable, why: str = "") -> DecompositionError:
         return DecompositionError(
