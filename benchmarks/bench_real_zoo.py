@@ -310,6 +310,38 @@ def summary(files: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(files: list[Path]) -> str:
+    """One row per model: × nutpie cold and warm, and the agreement, for each results file."""
+    runs = [json.loads(Path(file).read_text()) for file in files]
+    heads = [f"PyMC {data['machine'].get('pymc')}" for data in runs]
+    lines = ["| model | family, shape | rows | " + " | ".join(
+        f"× cold / warm, {head} | right" for head in heads) + " |",
+        "|" + " --- |" * (3 + 2 * len(runs))]
+    models: dict[str, dict] = {}
+    for k, data in enumerate(runs):
+        for r in data["records"]:
+            if r.get("sampler", "").startswith("package"):
+                models.setdefault(r["model"], {}).setdefault(k, {})[r["mode"]] = r
+    for name, by_file in models.items():
+        first = next(iter(next(iter(by_file.values())).values()))
+        cells = []
+        for k in range(len(runs)):
+            modes = by_file.get(k, {})
+            cold, warm = modes.get("cold", {}), modes.get("warm", {})
+            last = warm or cold
+            if not last:
+                cells += ["not run", "–"]
+            elif last.get("status") != "ok":
+                cells += [last.get("status", ""), "–"]
+            else:
+                cells += [f"{fmt(cold.get('ess_per_s_ratio'))} / "
+                          f"{fmt(warm.get('ess_per_s_ratio'))}", fmt(last.get("passed"))]
+        rows = first.get("rows")
+        lines.append(f"| {name} | {first.get('family', '')}, {first.get('shape', '')} | "
+                     f"{rows:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(files: list[Path], path: Path) -> None:
     """× nutpie (ESS/s, set-up included) per model, cold and warm, one colour per file."""
     import matplotlib
@@ -386,6 +418,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         print(summary(args.report))
+        if len(args.report) > 1:
+            print()
+            print(side_by_side(args.report))
         if args.plot is not None:
             plot(args.report, args.plot)
         return
