@@ -57,7 +57,7 @@ import pymc as pm
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
-from pytensor.scalar.basic import Add, Exp, TrueDiv
+from pytensor.scalar.basic import EQ, Add, Exp, Switch, TrueDiv
 from pytensor.scalar.math import Sigmoid, Softplus
 from pytensor.tensor.random.op import RandomVariable
 
@@ -210,7 +210,7 @@ def _peel(param: Variable, theta_only: bool = False) -> tuple[str | None, Variab
     (:func:`~pymc_minibatch_mh.estimators.predictor_walk.log_form`: ``1/φ``, ``φ**2``,
     ``a * b`` of log-transformed scales) is ``exp`` of its logarithm, as a scale itself is.
     """
-    var = _strip(param)
+    var = _unclamped(_strip(param))
     for name, (op_class, _) in LINKS.items():
         if _is_elemwise(var, op_class):
             return name, _strip(var.owner.inputs[0])
@@ -222,6 +222,25 @@ def _peel(param: Variable, theta_only: bool = False) -> tuple[str | None, Variab
         if log_var is not None:
             return "Exp", log_var
     return None, var
+
+
+def _unclamped(var: Variable) -> Variable:
+    """``r`` where ``var`` is ``switch(eq(r, c), d, r)`` with constants ``c``, ``d``, repeated.
+
+    bambi's inverse links keep a probability off 0 and 1 this way (``sigmoid(η)`` with
+    exact 0 and 1 replaced by machine epsilon and ``1 − eps``): the guard changes the
+    value only where the link itself rounds to 0 or 1 (``|η| > 36`` for the logistic),
+    and the link under it is peeled as any other.
+    """
+    while _is_elemwise(var, Switch):
+        cond, then, other = (_strip(v) for v in var.owner.inputs)
+        if not (_is_elemwise(cond, EQ) and isinstance(then, Constant)):
+            break
+        left, right = (_strip(v) for v in cond.owner.inputs)
+        if not (left is other and isinstance(right, Constant)):
+            break
+        var = other
+    return var
 
 
 def _odds_quantity(var: Variable) -> Variable | None:
