@@ -35,10 +35,14 @@ Run (from the repository root)::
 Results are written as JSON (a header with the machine, versions, commit and command, and
 a list of records) to ``--out`` after every model, and printed as a Markdown table;
 ``--report FILE ...`` prints the summary (cold and warm ratios side by side) of earlier
-results files::
+results files, and ``--plot`` draws them (the tables and the figure of the README, of
+``benchmarks/README.md`` and of the guide's performance page)::
 
-    .venv/bin/python benchmarks/bench_real_zoo.py --report benchmarks/results/real_zoo.json \\
-        --plot docs/_static/real_zoo_speedup.png
+    .venv/bin/python benchmarks/bench_real_zoo.py --both --rows 30000 \\
+        --out benchmarks/results/real_zoo_30k_pymc5.json
+    .venv/bin/python benchmarks/bench_real_zoo.py --report \\
+        benchmarks/results/real_zoo_30k_pymc5.json benchmarks/results/real_zoo_30k_pymc6.json \\
+        --plot docs/_static/real_zoo_ratios.png
 """
 
 from __future__ import annotations
@@ -367,6 +371,8 @@ def plot(files: list[Path], path: Path) -> None:
                    label=f"PyMC {machine_.get('pymc')}, nutpie {machine_.get('nutpie')}")
     for mode, marker in markers.items():
         ax.scatter([], [], marker=marker, color="grey", label=f"{mode} caches")
+    ax.scatter([], [], marker="o", facecolors="none", color="grey",
+               label="hollow: R-hat, means or sds off")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.axhline(5.0, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log")
