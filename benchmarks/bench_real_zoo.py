@@ -271,6 +271,21 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_results(files: list[Path]) -> list[dict]:
+    """The results files' contents (header and records), in order."""
+    return [json.loads(Path(file).read_text()) for file in files]
+
+
+def by_model(records: list[dict]) -> dict[str, dict[tuple[str, str], dict]]:
+    """Records by model, each keyed by ``(mode, role)``, role ``"package"`` or
+    ``"reference"`` (nutpie, or PyMC's NUTS where nutpie could not run)."""
+    grouped: dict[str, dict[tuple[str, str], dict]] = {}
+    for r in records:
+        role = "package" if r.get("sampler", "").startswith("package") else "reference"
+        grouped.setdefault(r["model"], {})[(r["mode"], role)] = r
+    return grouped
+
+
 def summary(files: list[Path]) -> str:
     """One row per model and results file: the cold and warm ratios side by side.
 
@@ -281,18 +296,12 @@ def summary(files: list[Path]) -> str:
              "(package / nutpie) | R-hat (package / reference) | \\|Δmean\\|/MCSE | "
              "\\|sd ratio − 1\\| | right |",
              "|" + " --- |" * 10]
-    for path in files:
-        data = json.loads(Path(path).read_text())
+    for data in load_results(files):
         pymc_version = data["machine"].get("pymc")
-        runs: dict[str, dict[str, dict]] = {}
-        for r in data["records"]:
-            runs.setdefault(r["model"], {})[f"{r['mode']}:{r.get('sampler', '')[:7]}"] = r
-        for name, by in runs.items():
-            cold, warm = by.get("cold:package"), by.get("warm:package")
-            ref_cold = next((v for k, v in by.items() if k.startswith("cold:")
-                             and not k.endswith("package")), None)
-            ref = next((v for k, v in by.items() if k.startswith("warm:")
-                        and not k.endswith("package")), ref_cold)
+        for name, by in by_model(data["records"]).items():
+            cold, warm = by.get(("cold", "package")), by.get(("warm", "package"))
+            ref_cold = by.get(("cold", "reference"))
+            ref = by.get(("warm", "reference"), ref_cold)
             last = warm or cold
             if last is None or last.get("status") != "ok":
                 status = (last or {}).get("status", "missing")
@@ -316,22 +325,21 @@ def summary(files: list[Path]) -> str:
 
 def side_by_side(files: list[Path]) -> str:
     """One row per model: × nutpie cold and warm, and the agreement, for each results file."""
-    runs = [json.loads(Path(file).read_text()) for file in files]
+    runs = load_results(files)
     heads = [f"PyMC {data['machine'].get('pymc')}" for data in runs]
     lines = ["| model | family, shape | rows | " + " | ".join(
         f"× cold / warm, {head} | right" for head in heads) + " |",
         "|" + " --- |" * (3 + 2 * len(runs))]
-    models: dict[str, dict] = {}
-    for k, data in enumerate(runs):
-        for r in data["records"]:
-            if r.get("sampler", "").startswith("package"):
-                models.setdefault(r["model"], {}).setdefault(k, {})[r["mode"]] = r
-    for name, by_file in models.items():
-        first = next(iter(next(iter(by_file.values())).values()))
+    grouped = [by_model(data["records"]) for data in runs]
+    names = dict.fromkeys(name for by in grouped for name in by)
+    for name in names:
+        first = next(r for by in grouped for (_, role), r in by.get(name, {}).items()
+                     if role == "package")
         cells = []
-        for k in range(len(runs)):
-            modes = by_file.get(k, {})
-            cold, warm = modes.get("cold", {}), modes.get("warm", {})
+        for by in grouped:
+            runs_of = by.get(name, {})
+            cold = runs_of.get(("cold", "package"), {})
+            warm = runs_of.get(("warm", "package"), {})
             last = warm or cold
             if not last:
                 cells += ["not run", "–"]
@@ -353,7 +361,7 @@ def plot(files: list[Path], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [json.loads(Path(file).read_text()) for file in files]
+    runs = load_results(files)
     names = list(dict.fromkeys(r["model"] for data in runs for r in data["records"]))
     fig, ax = plt.subplots(figsize=(10, 5.2))
     markers = {"cold": "o", "warm": "^"}
