@@ -4,10 +4,12 @@ For models of the real-data zoo (:mod:`real_zoo`) at a few row counts, one after
 in one process, with nutpie as the accuracy reference:
 
 - ``step``: this package's default step, ``pm.sample(step=MinibatchBarker(), chains=2,
-  cores=1)`` with PyMC's default draws and tuning (bambi entries: ``Model.fit(step=...)``);
+  cores=1)`` with PyMC's default draws and tuning (bambi entries: ``Model.fit(step=...)``;
+  pymc-marketing entries: ``fit(method="mcmc", step=...)``);
 - ``advi-mb<m>``: mean-field ADVI on the same model written with :class:`pymc.Minibatch`
   of ``m`` rows and ``total_size`` (the zoo's ``build(df, batch_size=m)``, as PyMC's
-  documentation writes minibatch ADVI; by-hand entries only);
+  documentation writes minibatch ADVI; for an entry written through a client, its
+  by-hand twin ``minibatch(df, m)``, where it has one);
 - ``advi``: full-data mean-field ADVI; ``fullrank``: full-data full-rank ADVI (only where
   the model has at most ``--fullrank-max-d`` unconstrained dimensions);
 - ``pathfinder``: ``pymc_extras.fit(method="pathfinder")`` (its PyMC backend, one process);
@@ -22,7 +24,8 @@ measured (``last_changes``). The optimiser and its settings are in the results' 
 
 Columns: wall time to a posterior (ADVI and Pathfinder: building the model, compiling,
 fitting to convergence and drawing from the approximation; the step: building, set-up and
-sampling; nutpie: building, compiling and sampling), and accuracy against nutpie over every
+sampling; nutpie: building, compiling and sampling); for the samplers, that time per 1,000
+effective draws (the smallest bulk ESS over the scalars); and accuracy against nutpie over every
 scalar of the model's free variables: the largest ``|Δmean|`` in reference sds, the largest
 and the median ``|sd ratio − 1|``, and the coverage: the share of the reference's draws
 inside the method's central 95 % interval (2.5–97.5 % quantiles of its draws), averaged over
@@ -189,7 +192,9 @@ def one_method(method: str, entry: Any, df: Any, args: argparse.Namespace,
             rec.update(summarise(idata, names)[1])
         else:
             t0 = time.perf_counter()
-            if batch_size is not None:
+            if batch_size is not None and entry.minibatch is not None:
+                model = entry.minibatch(df, batch_size)
+            elif batch_size is not None:
                 model = entry.build(df, batch_size=batch_size)
             else:
                 model = real_zoo.pymc_model(entry, df)
@@ -216,12 +221,13 @@ def one_method(method: str, entry: Any, df: Any, args: argparse.Namespace,
 
 
 def run_config(name: str, rows: int, args: argparse.Namespace) -> list[dict]:
-    """Every method on one model at one row count, nutpie first."""
+    """Every method on one model at one row count (0: all its rows), nutpie first."""
     import real_zoo
     from bench_real_zoo import record_run
 
     entry = real_zoo.MODELS[name]
     full = entry.load()
+    rows = rows or len(full)
     base = dict(model=name, family=entry.family, shape=entry.shape, written=entry.written,
                 rows=rows)
     if rows > len(full):
@@ -237,9 +243,10 @@ def run_config(name: str, rows: int, args: argparse.Namespace) -> list[dict]:
     records = [ref]
     for method in args.methods:
         if method == "advi-mb":
-            if entry.written != "by hand":
+            if entry.written != "by hand" and entry.minibatch is None:
                 records.append(dict(base, method="advi-mb", status="not run",
-                                    message="bambi entries have no minibatch builder"))
+                                    message=f"{entry.written} does not write the model on "
+                                    "pm.Minibatch, and the entry has no by-hand twin"))
                 continue
             for m in args.batch_sizes:
                 if m >= rows:
@@ -256,7 +263,7 @@ def table(records: list[dict], header: bool = True) -> str:
     """The records as a Markdown table."""
     from bench_real_zoo import fmt
 
-    columns = ["model", "rows", "method", "seconds", "iterations", "converged",
+    columns = ["model", "rows", "method", "seconds", "s / 1,000 ESS", "iterations", "converged",
                "max \\|Δmean\\|/sd", "max \\|sd ratio − 1\\|", "median \\|sd ratio − 1\\|",
                "95 % coverage (mean / min)"]
     lines = (["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
@@ -265,15 +272,17 @@ def table(records: list[dict], header: bool = True) -> str:
         if r.get("status") != "ok":
             msg = (r.get("message") or "").splitlines()[0][:100].replace("|", "\\|")
             lines.append(f"| {r['model']} | {r['rows']:,} | {r['method']} | "
-                         f"{r['status']}: {r.get('error', '')} {msg} |" + " |" * 6)
+                         f"{r['status']}: {r.get('error', '')} {msg} |" + " |" * 7)
             continue
         its = r.get("iterations")
         conv = r.get("converged")
         cover = (f"{r['coverage_mean']:.3f} / {r['coverage_min']:.3f}"
                  if "coverage_mean" in r else "–")
+        ess = r.get("min_ess_bulk")
+        per_ess = 1000.0 * r["wall_s"] / ess if ess else None
         lines.append(
             f"| {r['model']} | {r['rows']:,} | {r['method']} | {fmt(r['wall_s'])} | "
-            f"{fmt(its, ',d')} | {fmt(conv)} | {fmt(r.get('dmean_max'), '.3f')} | "
+            f"{fmt(per_ess)} | {fmt(its, ',d')} | {fmt(conv)} | {fmt(r.get('dmean_max'), '.3f')} | "
             f"{fmt(r.get('sd_ratio_max'), '.3f')} | {fmt(r.get('sd_ratio_median'), '.3f')} | "
             f"{cover} |")
     return "\n".join(lines)
@@ -288,7 +297,7 @@ def plot(records: list[dict], path: Path) -> None:
 
     ok = [r for r in records if r.get("status") == "ok" and "dmean_max" in r]
     configs = sorted({(r["model"], r["rows"]) for r in ok})
-    colours = dict(zip(configs, plt.cm.tab10.colors, strict=False))
+    colours = dict(zip(configs, plt.cm.tab20.colors, strict=False))  # up to 20
     fig, ax = plt.subplots(figsize=(9.5, 5))
     for r in ok:
         ax.scatter(r["wall_s"], max(r["dmean_max"], 1e-3), s=60, alpha=0.85,
@@ -318,7 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", default=DEFAULT_MODELS,
                    help=f"comma-separated catalogue names (default: {DEFAULT_MODELS})")
     p.add_argument("--rows", default="10000,100000",
-                   help="comma-separated row counts (a data set with fewer rows is not run)")
+                   help="comma-separated row counts, or 'all' (a data set with fewer rows "
+                   "is not run)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--batch-sizes", default="500,5000", help="minibatch ADVI's batch sizes")
@@ -349,7 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"unknown methods {bad}; choose from {', '.join(METHODS)}")
-    args.rows = [int(r) for r in args.rows.split(",")]
+    args.rows = [0 if r == "all" else int(r) for r in args.rows.split(",")]
     args.batch_sizes = [int(m) for m in args.batch_sizes.split(",")]
     return args
 
@@ -387,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     records: list[dict] = []
     for rows in args.rows:
         for name in args.models:
-            print(f"\n## {name}, {rows:,} rows", flush=True)
+            print(f"\n## {name}, {f'{rows:,} rows' if rows else 'all rows'}", flush=True)
             records += run_config(name, rows, args)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"machine": header(argv, args),

