@@ -288,6 +288,35 @@ def table(records: list[dict], header: bool = True) -> str:
     return "\n".join(lines)
 
 
+def summary(records: list[dict]) -> str:
+    """One line per model and row count: each method's seconds, largest |Δmean| / sd and
+    largest |sd ratio − 1|.
+
+    Minibatch ADVI shows its most accurate batch size; a method that did not run shows
+    "–"; a fit that stopped at its cap is marked "(cap)".
+    """
+    from bench_real_zoo import fmt
+
+    def cell(r: dict | None) -> str:
+        if r is None or r.get("status") != "ok":
+            return "–"
+        cap = " (cap)" if r.get("converged") is False else ""
+        err = (f", {r['dmean_max']:.2f} / {r['sd_ratio_max']:.2f}" if "dmean_max" in r
+               else "")
+        return f"{fmt(r['wall_s'])} s{err}{cap}"
+
+    columns = ["model", "rows", "nutpie", "step", "minibatch ADVI", "ADVI", "Pathfinder"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for model, rows in dict.fromkeys((r["model"], r["rows"]) for r in records):
+        mine = {r["method"]: r for r in records if (r["model"], r["rows"]) == (model, rows)}
+        batches = [r for m, r in mine.items() if m.startswith("advi-mb") and "dmean_max" in r]
+        best = min(batches, key=lambda r: r["dmean_max"]) if batches else None
+        lines.append(f"| {model} | {rows:,} | {cell(mine.get('nutpie'))} | "
+                     f"{cell(mine.get('step'))} | {cell(best)} | {cell(mine.get('advi'))} | "
+                     f"{cell(mine.get('pathfinder'))} |")
+    return "\n".join(lines)
+
+
 def plot(records: list[dict], path: Path) -> None:
     """Error (max |Δmean| / sd) against seconds, one marker per method, log-log."""
     import matplotlib
@@ -389,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.report is not None:
         records = [r for path in args.report for r in json.loads(path.read_text())["records"]]
         print(table(records))
+        print()
+        print(summary(records))
         if args.plot is not None:
             plot(records, args.plot)
             print(f"figure written to {args.plot}")

@@ -97,6 +97,38 @@ def grouped_model():
     return model, g.size
 
 
+def test_the_surrogate_density_is_the_same_function_on_other_data():
+    """The surrogate NUTS's density holds no value of the data as a constant.
+
+    Its values that depend on the data (the expansion, which effects are centred) are
+    shared variables, so the same model on other data has the same compiled function:
+    the function cache and Numba's cache find it in another process. Here the data
+    centre different groups; a constant in place of a shared variable (the centring's
+    positions, as they were) fails this.
+    """
+    from pymc_minibatch_mh.model.compat import default_mode
+    from pymc_minibatch_mh.model.function_cache import graph_key
+
+    keys, chosen = [], []
+    for rows in ([150, 150, 3], [3, 150, 150]):  # the large groups are centred
+        rng = np.random.default_rng(7)
+        g = np.repeat(np.arange(3), rows)
+        y = (rng.random(g.size) < expit(np.array([-0.6, 0.7, 0.2])[g])).astype(np.int64)
+        with pm.Model() as model:
+            mu = pm.Normal("mu", 0.0, 1.0)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            z = pm.Normal("z", 0.0, 1.0, shape=3)
+            pm.Bernoulli("y", logit_p=mu + sigma * z[g], observed=y)
+        with model, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+        chosen.append(step.surrogate_posterior().centring.positions.tolist())
+        density = step.proposal.model
+        keys.append(graph_key(density.value_vars, [density.logp()], default_mode()))
+    assert chosen[0] != chosen[1]
+    assert keys[0] is not None and keys[0] == keys[1]
+
+
 def _dropped_jacobian(self, phi):
     """The broken variant: the ratio's log-Jacobian left out (NUTS's own density keeps
     it). Since the ratio is NUTS's density less this term, a kernel with another density

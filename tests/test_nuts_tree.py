@@ -31,7 +31,6 @@ from pymc_minibatch_mh.model.internals import (
     diag_adapt_potential,
     fast_momentum,
     full_adapt_potential,
-    nuts_density,
     nuts_mass,
     nuts_tree_settings,
 )
@@ -42,11 +41,12 @@ D = 5
 
 
 def _nuts(dense: bool, max_treedepth: int = 6):
-    """PyMC's NUTS (Numba density) on a heavy-tailed, non-Gaussian 5-d target."""
+    """PyMC's NUTS (Numba density) on a heavy-tailed, non-Gaussian 5-d target, and the
+    density it evaluates (:func:`density_function`)."""
     rng = np.random.default_rng(0)
     a = rng.normal(size=(D, D))
     cov = a @ a.T / D + 0.1 * np.eye(D)
-    with pm.Model():
+    with pm.Model() as model:
         x = pm.Flat("x", shape=D)
         pm.Potential("target", pm.logp(pm.StudentT.dist(nu=4.0), x).sum()
                      - 0.05 * (x ** 4).sum() + 0.3 * x[0] * x[1])
@@ -55,13 +55,13 @@ def _nuts(dense: bool, max_treedepth: int = 6):
         step = pm.NUTS(vars=[x], potential=potential, mode="NUMBA",
                        max_treedepth=max_treedepth)
     start_inner_chain(step, np.random.default_rng(5))
-    return step
+    return step, nuts_module.density_function(model)
 
 
 @pytest.mark.parametrize("dense", [True, False])
 def test_compiled_tree_is_pymcs_tree(dense):
-    step = _nuts(dense, max_treedepth=5)
-    density = nuts_density(step)
+    step, density = _nuts(dense, max_treedepth=5)
+    density(np.full(D, 0.3))  # compiled for float64 points, as the proposal's start does
     info = DictToArrayBijection.map({"x": np.zeros(D)}).point_map_info
     q = RaveledVars(np.full(D, 0.3), info)
     tree = None
@@ -104,7 +104,7 @@ def test_compiled_tree_is_pymcs_tree(dense):
 
 
 def test_fast_momentum_draws_pymcs_momenta():
-    step = _nuts(dense=True)
+    step, _ = _nuts(dense=True)
     potential = step.potential
     assert isinstance(potential, QuadPotentialFull)
     reference = copy.deepcopy(potential)
@@ -114,7 +114,7 @@ def test_fast_momentum_draws_pymcs_momenta():
         np.testing.assert_allclose(potential.random(), reference.random(), rtol=1e-12,
                                    atol=1e-12)
     # a diagonal potential is left as it is
-    diag = _nuts(dense=False).potential
+    diag = _nuts(dense=False)[0].potential
     fast_momentum(diag)
     assert type(diag.random).__name__ == "method"
     # the dense one still pickles (a spawned process of pm.sample gets a copy)
@@ -158,8 +158,9 @@ def test_surrogate_nuts_uses_the_compiled_tree_and_pickles():
 
 def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkeypatch):
     # a density that is not a Numba function (as when π̃ had to be compiled for C)
-    monkeypatch.setattr(nuts_module, "nuts_density", lambda nuts: (
-        lambda q: nuts._logp_dlogp_func._pytensor_function(q)))
+    compiled = nuts_module.density_function
+    monkeypatch.setattr(nuts_module, "density_function", lambda model: (
+        lambda q: compiled(model)(q)))
     model = _poisson_model()
     with model, pytest.warns(UserWarning, match="PyMC's tree in Python"):
         step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")

@@ -59,7 +59,6 @@ from pymc_minibatch_mh.model.internals import (
     full_adapt_potential,
     is_ninf_check,
     jitted_parts,
-    nuts_density,
     set_adaptation_window,
     set_nuts_density,
     set_step_tuning,
@@ -231,12 +230,14 @@ def test_nuts_tune_flag_switches_its_adaptation():
     assert len(set(sizes[False])) == 1  # not adapting: fixed
 
 
-def test_nuts_density_is_what_pymcs_integrator_evaluates():
-    with pm.Model():
+def test_density_function_is_what_pymcs_integrator_evaluates():
+    from pymc_minibatch_mh.proposals.nuts import density_function
+
+    with pm.Model() as model:
         pm.Normal("x", 1.0, 2.0, shape=3)
         step = pm.NUTS(mode="NUMBA")
     q = np.array([0.5, -1.0, 2.0])
-    density = nuts_density(step)
+    density = density_function(model)
     assert isinstance(density, DirectCall)  # the Numba function, called directly
     logp, grad = density(q)
     ref_logp, ref_grad = step.integrator._logp_dlogp_func(q, None)

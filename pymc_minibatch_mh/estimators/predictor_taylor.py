@@ -269,7 +269,9 @@ class PredictorTaylorEstimator(TaylorEstimator):
         coefs, positions = (np.array(v, dtype=np.int64) for v in zip(*chosen, strict=True))
         _log.info("%s: the surrogate's NUTS samples %d group effects centred (the data fix "
                   "them more than the prior)", self.step_name, positions.size)
-        return positions, self.analysis.coef[coefs]
+        # Which coefficients, as a shared variable: PyTensor's Numba cache keys a function
+        # by its constants, and the choice depends on the data.
+        return positions, self.analysis.coef[pytensor.shared(coefs, name="centred_coefs")]
 
     def _compile_delta(self, graphs: Any) -> Any:
         an = self.analysis

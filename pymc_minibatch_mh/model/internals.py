@@ -50,7 +50,6 @@ __all__ = [
     "hamiltonian_step_data",
     "is_ninf_check",
     "jitted_parts",
-    "nuts_density",
     "nuts_iteration",
     "nuts_mass",
     "nuts_tree_settings",
@@ -260,24 +259,6 @@ def set_adaptation_window(potential: Any, window: int | None) -> None:
     """Set the adaptation window of a ``QuadPotentialFullAdapt`` (PyMC's reset keeps the last)."""
     if window is not None:
         potential.adaptation_window = int(window)
-
-
-def nuts_density(nuts: Any) -> Callable[[Any], tuple[Any, Any]]:
-    """``q -> (log density, gradient)``, called directly.
-
-    What PyMC's NUTS step ``nuts`` evaluates at its raveled point ``q``.
-
-    PyMC's leapfrog integrator calls the compiled function of the step's
-    ``ValueGradFunction`` (``nuts._logp_dlogp_func._pytensor_function``) with the raveled
-    point. It is returned through :func:`direct_call` (about 3 µs less per call than
-    PyTensor's wrapper, measured on the zoo's random intercepts). A step whose function
-    does not take raveled points (``_raveled_inputs`` false, not what this package builds)
-    is refused.
-    """
-    value_grad = nuts._logp_dlogp_func
-    if not value_grad._raveled_inputs:
-        raise ValueError("This PyMC NUTS step's density does not take raveled points.")
-    return direct_call(value_grad._pytensor_function)
 
 
 def set_nuts_density(nuts: Any, density: Callable[[Any, Any], tuple[Any, Any]]) -> None:

@@ -73,22 +73,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
+import pytensor
 import pytensor.tensor as pt
 import scipy.linalg
 from numpy.typing import NDArray
 from pytensor.graph.replace import graph_replace
 
 from pymc_minibatch_mh.model.compat import default_mode, start_inner_chain
-from pymc_minibatch_mh.model.compilation import build_without_object_mode
+from pymc_minibatch_mh.model.compilation import build_without_object_mode, compile_function
 from pymc_minibatch_mh.model.graph import clone_replace
 from pymc_minibatch_mh.model.internals import (
     DirectCall,
     adaptation_window,
     diag_adapt_potential,
+    direct_call,
     fast_momentum,
     full_adapt_potential,
     hamiltonian_step_data,
-    nuts_density,
     nuts_iteration,
     nuts_mass,
     nuts_tree_settings,
@@ -104,7 +105,7 @@ from pymc_minibatch_mh.proposals.base import Proposal, ProposalInfo, ProposalSta
 from pymc_minibatch_mh.proposals.nuts_tree import CompiledTree
 from pymc_minibatch_mh.proposals.surrogate import SurrogatePosterior
 
-__all__ = ["DENSE_MASS_MAX_DIM", "SurrogateNUTSProposal"]
+__all__ = ["DENSE_MASS_MAX_DIM", "SurrogateNUTSProposal", "density_function"]
 
 #: Largest dimension with a dense adapted mass matrix. PyMC estimates the dense matrix
 #: from the draws of its adaptation windows, the first of 101 draws: with more dimensions
@@ -141,6 +142,26 @@ class _TreeNUTS(pm.NUTS):
         if self.trajectory is None:
             return super()._hamiltonian_step(start, p0, step_size)
         return self.trajectory(start, p0, step_size)
+
+
+def density_function(model: pm.Model) -> Callable[[_Vec], tuple[Any, _Vec]]:
+    """``q -> (log density, gradient)`` of a model of one vector variable, called directly.
+
+    What PyMC's NUTS on ``model`` evaluates at its raveled point ``q`` (a model of one
+    vector variable: ``q`` is its value), compiled through :func:`compile_function`, so
+    through the package's function cache, not by PyMC. PyTensor's rewrites do not always
+    order a graph the same way from one process to the next, and Numba's cache is keyed
+    by the rewritten graph: a density that PyMC compiles anew is compiled by Numba anew
+    (50 s for the surrogate of a bambi model with 51 state intercepts). The function
+    cache keeps the rewritten graph, and the surrogate's values that depend on the data
+    are shared variables: the same model in another process, on the same or other data,
+    loads it and Numba's compiled code with it. A Numba function is returned through
+    :func:`direct_call`.
+    """
+    (value,) = model.value_vars
+    logp = model.logp()
+    fn, _ = compile_function([value], [logp, pytensor.grad(logp, value)], default_mode())
+    return direct_call(fn)
 
 
 class SurrogateNUTSProposal(Proposal):
@@ -209,8 +230,12 @@ class SurrogateNUTSProposal(Proposal):
             else:
                 x = pm.Flat("x", shape=(dim,), initval=np.zeros(dim))
                 # graph_replace, not clone_replace: the latter would clone x's own node
-                # (a second Flat variable, outside the model).
-                u = pt.constant(mean) + pt.dot(pt.constant(self._whiten[1]), x)
+                # (a second Flat variable, outside the model). The whitening's mean and
+                # factor are shared variables, not constants: PyTensor's Numba cache keys
+                # a function by its constants, so the same model on other data (or
+                # another fit) finds this density compiled.
+                u = (pytensor.shared(mean, name="whitening_mean")
+                     + pt.dot(pytensor.shared(self._whiten[1], name="whitening_factor"), x))
                 pm.Potential("surrogate", graph_replace(graph, {inner: u}, strict=False))
         potential = (full_adapt_potential(dim, mean, cov, 10) if self._whiten is None
                      else diag_adapt_potential(dim, np.zeros(dim), np.ones(dim), 10))
@@ -229,7 +254,7 @@ class SurrogateNUTSProposal(Proposal):
         # PyMC's integrator evaluates π̃ (in NUTS's coordinates) through this function; it
         # is wrapped to remember one transition's evaluations by their point's bytes, so
         # that NUTS's start and the proposal's end are not evaluated again (see propose).
-        self._evaluate = self._density = nuts_density(self.nuts)
+        self._evaluate = self._density = density_function(self.model)
         self._evaluated: dict[bytes, tuple[float, _Vec]] = {}
         set_nuts_density(self.nuts, self._logp_dlogp)
         set_step_tuning(self.nuts, False)

@@ -276,6 +276,9 @@ class Centring:
         if idx.ndim != 1 or idx.size == 0 or np.unique(idx).size != idx.size:
             raise ValueError(f"positions must be distinct flat positions, got {idx}.")
         self.positions = idx
+        # The positions as a shared variable, not a constant: PyTensor's Numba cache keys
+        # a function by its constants, and which effects are centred depends on the data.
+        idx = pytensor.shared(idx, name="centred_positions")
         # a and s of the other coordinates only: the chosen ones replaced by constants.
         other = flat.type("other")
         a = clone_replace(coef, {flat: pt.set_subtensor(other[idx], 0.0)})
