@@ -69,6 +69,20 @@ def test_entry_loads_and_builds_on_every_row(name):
     assert sorted(rv.name for rv in batched.free_RVs) == sorted(rv.name for rv in model.free_RVs)
 
 
+@pytest.mark.parametrize("name", [n for n, e in real_zoo.MODELS.items() if e.reference])
+def test_a_reference_model_has_the_entry_s_posterior(name):
+    """Its log density differs from the per-row model's by a constant only."""
+    entry = real_zoo.MODELS[name]
+    df = real_zoo.subset(entry.load(), 20_000, seed=5)
+    rows, counts = real_zoo.pymc_model(entry, df), entry.reference(df)
+    assert observed_rows(counts) and observed_rows(counts)[0] < len(df) // 50
+    start = rows.initial_point()
+    moved = {k: v + 0.1 * np.arange(1, np.size(v) + 1).reshape(np.shape(v))
+             for k, v in start.items()}
+    changes = [m.compile_logp()(moved) - m.compile_logp()(start) for m in (rows, counts)]
+    assert changes[0] == pytest.approx(changes[1], rel=1e-9)
+
+
 def test_subset_draws_rows_without_replacement():
     df = real_zoo.MODELS["rwm5yr_docvis_negbin"].load()
     a = real_zoo.subset(df, 10_000, seed=3)
