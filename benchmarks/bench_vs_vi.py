@@ -288,6 +288,9 @@ def table(records: list[dict], header: bool = True) -> str:
                  if "coverage_mean" in r else "–")
         ess = r.get("min_ess_bulk")
         per_ess = 1000.0 * r["wall_s"] / ess if ess else None
+        if "reference_model" in r:  # its seconds are another model's: not shown
+            r = {k: v for k, v in r.items() if k != "wall_s"} | {"wall_s": None}
+            per_ess = None
         lines.append(
             f"| {r['model']} | {r['rows']:,} | {r['method']} | {fmt(r['wall_s'])} | "
             f"{fmt(per_ess)} | {fmt(its, ',d')} | {fmt(conv)} | {fmt(r.get('dmean_max'), '.3f')} | "
@@ -308,6 +311,8 @@ def summary(records: list[dict]) -> str:
     def cell(r: dict | None) -> str:
         if r is None or r.get("status") != "ok":
             return "–"
+        if "reference_model" in r:  # nutpie on another model of the same posterior
+            return "(sufficient statistics)"
         cap = " (cap)" if r.get("converged") is False else ""
         err = (f", {r['dmean_max']:.2f} / {r['sd_ratio_max']:.2f}" if "dmean_max" in r
                else "")

@@ -148,7 +148,8 @@ def density_function(model: pm.Model) -> Callable[[_Vec], tuple[Any, _Vec]]:
     """``q -> (log density, gradient)`` of a model of one vector variable, called directly.
 
     What PyMC's NUTS on ``model`` evaluates at its raveled point ``q`` (a model of one
-    vector variable: ``q`` is its value), compiled through :func:`compile_function`, so
+    vector variable: ``q`` is its value), compiled through
+    :func:`~pymc_minibatch_mh.model.compilation.compile_function`, so
     through the package's function cache, not by PyMC. PyTensor's rewrites do not always
     order a graph the same way from one process to the next, and Numba's cache is keyed
     by the rewritten graph: a density that PyMC compiles anew is compiled by Numba anew
@@ -156,7 +157,7 @@ def density_function(model: pm.Model) -> Callable[[_Vec], tuple[Any, _Vec]]:
     cache keeps the rewritten graph, and the surrogate's values that depend on the data
     are shared variables: the same model in another process, on the same or other data,
     loads it and Numba's compiled code with it. A Numba function is returned through
-    :func:`direct_call`.
+    :func:`~pymc_minibatch_mh.model.internals.direct_call`.
     """
     (value,) = model.value_vars
     logp = model.logp()
