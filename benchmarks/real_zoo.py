@@ -432,13 +432,19 @@ def load_military() -> pd.DataFrame:
         "race": d["race"].astype(str).to_numpy(), "branch": d["branch"].astype(str).to_numpy()})
 
 
+def _military_priors() -> tuple[Any, Any]:
+    """The military models' intercept and coefficients (dims ``coef``), in a model context."""
+    alpha = pm.Normal("alpha", 0.0, 5.0)
+    beta = pm.StudentT("beta", nu=3.0, mu=0.0, sigma=1.0, dims="coef")
+    return alpha, beta
+
+
 def build_military(df: pd.DataFrame, batch_size: int | None = None) -> pm.Model:
     """Logistic, Student-t priors on the coefficients of sex, ethnicity, race and branch."""
     x = design(df, ["female", "hisp"], ["race", "branch"])
     with pm.Model(coords={"coef": list(x.columns)}) as model:
         cols = data_columns({"X": x.to_numpy(), "y": df["officer"].to_numpy()}, batch_size)
-        alpha = pm.Normal("alpha", 0.0, 5.0)
-        beta = pm.StudentT("beta", nu=3.0, mu=0.0, sigma=1.0, dims="coef")
+        alpha, beta = _military_priors()
         pm.Bernoulli("officer", logit_p=alpha + pm.math.dot(cols["X"], beta),
                      observed=cols["y"], total_size=total(df, batch_size))
     return model
@@ -455,8 +461,7 @@ def build_military_counts(df: pd.DataFrame) -> pm.Model:
     cells = pd.concat([x, df["officer"]], axis=1).groupby(list(x.columns), as_index=False)
     counts = cells["officer"].agg(["sum", "count"]).reset_index()
     with pm.Model(coords={"coef": list(x.columns)}) as model:
-        alpha = pm.Normal("alpha", 0.0, 5.0)
-        beta = pm.StudentT("beta", nu=3.0, mu=0.0, sigma=1.0, dims="coef")
+        alpha, beta = _military_priors()
         eta = alpha + pm.math.dot(counts[list(x.columns)].to_numpy(float), beta)
         pm.Binomial("officers", n=counts["count"].to_numpy(), logit_p=eta,
                     observed=counts["sum"].to_numpy())
@@ -692,8 +697,12 @@ def pymc_model(entry: ZooModel, df: pd.DataFrame) -> pm.Model:
     return _models(entry, df)[1]
 
 
-def _models(entry: ZooModel, df: pd.DataFrame) -> tuple[Any, pm.Model]:
-    """``(client model or None, PyMC model)`` of an entry on ``df``."""
+def _models(entry: ZooModel, df: pd.DataFrame,
+            reference: bool = False) -> tuple[Any, pm.Model]:
+    """``(client model or None, PyMC model)`` of an entry on ``df``; with ``reference``,
+    ``(None, entry.reference(df))``."""
+    if reference:
+        return None, entry.reference(df)
     if entry.written == "bambi":
         bmodel = entry.build(df)
         bmodel.build()
@@ -767,13 +776,15 @@ def sample_step(entry: ZooModel, df: pd.DataFrame, *, draws: int = 1000, tune: i
 
 
 def run_nutpie(entry: ZooModel, df: pd.DataFrame, *, draws: int = 1000, tune: int = 1000,
-               chains: int = 2, seed: int = DEFAULT_SEED) -> tuple[Any, dict[str, Any]]:
+               chains: int = 2, seed: int = DEFAULT_SEED,
+               reference: bool = False) -> tuple[Any, dict[str, Any]]:
     """:func:`sample_nutpie` plus timings (``model_s``, ``setup_s`` = compilation,
-    ``sampling_s``) and the free variable names."""
+    ``sampling_s``) and the free variable names. With ``reference``, nutpie samples the
+    entry's :attr:`ZooModel.reference` (the same posterior from sufficient statistics)."""
     import nutpie
 
     t0 = time.perf_counter()
-    bmodel, model = _models(entry, df)
+    bmodel, model = _models(entry, df, reference)
     t1 = time.perf_counter()
     compiled = nutpie.compile_pymc_model(model)
     t2 = time.perf_counter()

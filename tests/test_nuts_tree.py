@@ -159,8 +159,12 @@ def test_surrogate_nuts_uses_the_compiled_tree_and_pickles():
 def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkeypatch):
     # a density that is not a Numba function (as when π̃ had to be compiled for C)
     compiled = nuts_module.density_function
-    monkeypatch.setattr(nuts_module, "density_function", lambda model: (
-        lambda q: compiled(model)(q)))
+
+    def python_density(model):
+        density = compiled(model)
+        return lambda q: density(q)  # not a DirectCall: no compiled tree can call it
+
+    monkeypatch.setattr(nuts_module, "density_function", python_density)
     model = _poisson_model()
     with model, pytest.warns(UserWarning, match="PyMC's tree in Python"):
         step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
