@@ -73,6 +73,18 @@ def client(cluster):
     return client
 
 
+def _wait_for_new_workers(client, killed: set[str]) -> None:
+    """Wait until two workers other than the ``killed`` addresses are up: the scheduler
+    lists a killed worker until it notices, so ``wait_for_workers`` alone can return at once
+    and leave the next computation waiting for the nannies (slow on a loaded machine)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if len(set(client.nthreads()) - killed) >= 2:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the nannies did not start two workers again within {WAIT} s")
+
+
 def _killer(flag, parent):
     """A block function that kills its worker process once, after ``flag + ".armed"``
     exists (never in the test's own process). Defined here so that it is pickled by value."""
@@ -214,6 +226,7 @@ def test_data_lost_with_their_worker_are_refused_naming_them(client):
             store.take(100)
     finally:
         store.close()
+    _wait_for_new_workers(client, holders)
 
 
 def test_a_persisted_array_recomputed_from_changed_files_is_refused(client, tmp_path):
@@ -232,8 +245,9 @@ def test_a_persisted_array_recomputed_from_changed_files_is_refused(client, tmp_
     pids = client.run(os.getpid)
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
-    client.wait_for_workers(2, timeout=WAIT)
-    with pytest.raises(DataChangedError, match="a full pass of the data 'X', 'y'"):
+    _wait_for_new_workers(client, set(pids))
+    with pytest.raises(DataChangedError, match="a full pass of the data 'X', 'y'"), \
+            dask.config.set({"pymc-minibatch-mh.no-workers-timeout": WAIT}):
         store.reduce(_rows_of)
     store.start_chain(np.random.default_rng(4))
     try:
