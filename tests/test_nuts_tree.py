@@ -156,6 +156,25 @@ def test_surrogate_nuts_uses_the_compiled_tree_and_pickles():
         state = new_a
 
 
+def test_pymcs_nuts_compiles_no_density_of_its_own(monkeypatch):
+    """The surrogate's NUTS is given π̃'s compiled density: building it compiles no
+    ``logp_dlogp_function`` of PyMC (a second compilation of the same graph), and the
+    proposal's chain moves."""
+    model = _poisson_model()
+
+    def refused(self, *args, **kwargs):
+        raise AssertionError("PyMC compiled a density for the surrogate's NUTS")
+
+    monkeypatch.setattr(pm.Model, "logp_dlogp_function", refused)
+    with model:
+        step = MinibatchBarker(control_variate="taylor", proposal="surrogate_nuts")
+    proposal = step.proposal
+    proposal.start_chain(np.random.default_rng(3))
+    state = proposal.init(proposal.surrogate.theta_hat)
+    moved = [proposal.propose(np.random.default_rng(k), state, 1.0)[0].x for k in range(3)]
+    assert not np.allclose(moved[0], state.x)
+
+
 def test_surrogate_nuts_without_a_numba_density_warns_and_uses_pymcs_tree(monkeypatch):
     # a density that is not a Numba function (as when π̃ had to be compiled for C)
     compiled = nuts_module.density_function

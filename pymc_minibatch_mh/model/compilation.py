@@ -102,7 +102,7 @@ def build_without_object_mode(build: Callable[[Any], Any], mode: Any,
     """``build(mode)``, or ``build(C_MODE)`` if Numba's object mode would run some op.
 
     ``build`` compiles PyTensor functions: :func:`compile_function` builds one function
-    with it; the surrogate's NUTS, which PyMC compiles, is its other use.
+    with it.
 
     Given the graph's ``outputs``, the ops of its elementwise nodes are asked first
     (:func:`object_mode_ops`), before any rewriting: a graph with such an op is built for

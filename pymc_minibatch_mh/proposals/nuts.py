@@ -80,10 +80,11 @@ from numpy.typing import NDArray
 from pytensor.graph.replace import graph_replace
 
 from pymc_minibatch_mh.model.compat import default_mode, start_inner_chain
-from pymc_minibatch_mh.model.compilation import build_without_object_mode, compile_function
+from pymc_minibatch_mh.model.compilation import compile_function
 from pymc_minibatch_mh.model.graph import clone_replace
 from pymc_minibatch_mh.model.internals import (
     DirectCall,
+    GivenNutsDensity,
     adaptation_window,
     diag_adapt_potential,
     direct_call,
@@ -240,22 +241,22 @@ class SurrogateNUTSProposal(Proposal):
                 pm.Potential("surrogate", graph_replace(graph, {inner: u}, strict=False))
         potential = (full_adapt_potential(dim, mean, cov, 10) if self._whiten is None
                      else diag_adapt_potential(dim, np.zeros(dim), np.ones(dim), 10))
-        # PyMC compiles its log density and gradient with its own default mode (the C
-        # backend on PyMC 5); the package's mode for per-step functions (Numba unless an op
-        # would run in object mode) measured 1.5 × faster per call on the zoo's crossed
-        # model, and no slower to build.
-        self.nuts, _ = build_without_object_mode(
-            lambda mode: _TreeNUTS(vars=[x], model=self.model, target_accept=target_accept,
-                                   max_treedepth=max_treedepth, potential=potential,
-                                   mode=mode),
-            default_mode())
+        # π̃'s density (in NUTS's coordinates), compiled once, in the package's mode (Numba
+        # unless an op would run in object mode: 1.5 × faster per call than PyMC's C
+        # default on the zoo's crossed model) and through its function cache; PyMC's NUTS
+        # is given it and compiles none of its own.
+        self._evaluate = self._density = density_function(self.model)
+        self.nuts = _TreeNUTS(vars=[x], model=self.model, target_accept=target_accept,
+                              max_treedepth=max_treedepth, potential=potential,
+                              logp_dlogp_func=GivenNutsDensity(self._density),
+                              initial_point={"x": mean if self._whiten is None
+                                             else np.zeros(dim)})
         self._adaptation_window = adaptation_window(potential)
         self._point_info = raveled_point_info("x", dim)
         fast_momentum(self.nuts.potential)
-        # PyMC's integrator evaluates π̃ (in NUTS's coordinates) through this function; it
-        # is wrapped to remember one transition's evaluations by their point's bytes, so
-        # that NUTS's start and the proposal's end are not evaluated again (see propose).
-        self._evaluate = self._density = density_function(self.model)
+        # PyMC's integrator evaluates π̃ through this wrapper: it remembers one
+        # transition's evaluations by their point's bytes, so that NUTS's start and the
+        # proposal's end are not evaluated again (see propose).
         self._evaluated: dict[bytes, tuple[float, _Vec]] = {}
         set_nuts_density(self.nuts, self._logp_dlogp)
         set_step_tuning(self.nuts, False)
