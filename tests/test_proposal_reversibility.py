@@ -25,6 +25,7 @@ from scipy import stats
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.model.compat import default_mode, posterior
 from pymc_minibatch_mh.model.compilation import uses_numba
+from pymc_minibatch_mh.model.internals import DirectCall
 from pymc_minibatch_mh.proposals import nuts as nuts_module
 
 Y = np.array([0, 0, 0, 1])
@@ -105,9 +106,11 @@ def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how, monkeypatch
 
 def test_surrogate_nuts_compiles_on_the_per_step_functions_backend():
     """PyMC would compile π̃'s density and gradient with its own default (the C backend on
-    PyMC 5); the surrogate's NUTS uses the package's mode for per-step functions."""
+    PyMC 5); the surrogate's NUTS is given π̃'s density compiled in the package's mode for
+    per-step functions (Numba: a function called directly)."""
     with poisson_model():
         step = MinibatchBarker(batch_size=Y.size, control_variate="taylor",
                                proposal="surrogate_nuts")
-    fn = step.proposal.nuts._logp_dlogp_func._pytensor_function
-    assert uses_numba(fn.maker.mode) and uses_numba(default_mode())
+    density = step.proposal.nuts._logp_dlogp_func._pytensor_function
+    assert density is step.proposal._density
+    assert isinstance(density, DirectCall) and uses_numba(default_mode())
