@@ -107,10 +107,12 @@ def test_full_data_chain_targets_pi_not_the_surrogate(proposal, how, monkeypatch
 def test_surrogate_nuts_compiles_on_the_per_step_functions_backend():
     """PyMC would compile π̃'s density and gradient with its own default (the C backend on
     PyMC 5); the surrogate's NUTS is given π̃'s density compiled in the package's mode for
-    per-step functions (Numba: a function called directly)."""
+    per-step functions (Numba: a function called directly), through the proposal's
+    evaluation of it."""
     with poisson_model():
         step = MinibatchBarker(batch_size=Y.size, control_variate="taylor",
                                proposal="surrogate_nuts")
-    density = step.proposal.nuts._logp_dlogp_func._pytensor_function
-    assert density is step.proposal._density
-    assert isinstance(density, DirectCall) and uses_numba(default_mode())
+    proposal = step.proposal
+    assert proposal.nuts._logp_dlogp_func._pytensor_function == proposal._logp_dlogp
+    assert proposal._evaluate is proposal._density
+    assert isinstance(proposal._density, DirectCall) and uses_numba(default_mode())

@@ -52,6 +52,7 @@ from pymc_minibatch_mh.model.graph import (
 from pymc_minibatch_mh.model.internals import (
     MINIBATCH_OPS,
     DirectCall,
+    GivenNutsDensity,
     PyMCStepHooks,
     adaptation_window,
     direct_call,
@@ -60,7 +61,6 @@ from pymc_minibatch_mh.model.internals import (
     is_ninf_check,
     jitted_parts,
     set_adaptation_window,
-    set_nuts_density,
     set_step_tuning,
 )
 
@@ -244,9 +244,11 @@ def test_density_function_is_what_pymcs_integrator_evaluates():
     assert float(logp) == pytest.approx(float(ref_logp), abs=1e-12)
     np.testing.assert_allclose(grad, ref_grad, atol=1e-12)
     np.testing.assert_allclose(grad, -(q - 1.0) / 4.0, atol=1e-12)
-    # The integrator evaluates what set_nuts_density gives it.
+    # A NUTS given a density (GivenNutsDensity) evaluates that one and compiles none.
     calls = []
-    set_nuts_density(step, lambda q, info: calls.append(q.copy()) or density(q))
+    with model:
+        step = pm.NUTS(logp_dlogp_func=GivenNutsDensity(
+            lambda q: calls.append(q.copy()) or density(q)))
     start_inner_chain(step, np.random.default_rng(1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -57,7 +57,6 @@ __all__ = [
     "raise_wrapped_interrupt",
     "raveled_point_info",
     "set_adaptation_window",
-    "set_nuts_density",
     "set_step_tuning",
     "tuned_nuts_end",
     "tuned_nuts_start",
@@ -262,13 +261,8 @@ def set_adaptation_window(potential: Any, window: int | None) -> None:
         potential.adaptation_window = int(window)
 
 
-def set_nuts_density(nuts: Any, density: Callable[[Any, Any], tuple[Any, Any]]) -> None:
-    """Make PyMC's leapfrog integrator of ``nuts`` evaluate ``density(q, info)``."""
-    nuts.integrator._logp_dlogp_func = density
-
-
 class GivenNutsDensity:
-    """A compiled density in place of the ``ValueGradFunction`` PyMC's NUTS would compile.
+    """A density in place of the ``ValueGradFunction`` PyMC's NUTS would compile.
 
     Passed as ``logp_dlogp_func`` to ``pm.NUTS`` (PyMC's ``GradientSharedStep`` takes it,
     on PyMC 5 and 6): PyMC then compiles no density of its own, which for the
@@ -277,7 +271,7 @@ class GivenNutsDensity:
     It holds what PyMC reads from a ``ValueGradFunction`` there: the shared variables of
     the model's other variables (none), the function its leapfrog integrator calls on a
     raveled point (``density(q) -> (logp, grad)``), that the inputs are raveled, and the
-    dtype.
+    dtype. The integrator evaluates ``density`` and nothing else.
     """
 
     def __init__(self, density: Callable[[Any], tuple[Any, Any]]) -> None:

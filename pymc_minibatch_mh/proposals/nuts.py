@@ -97,7 +97,6 @@ from pymc_minibatch_mh.model.internals import (
     raise_wrapped_interrupt,
     raveled_point_info,
     set_adaptation_window,
-    set_nuts_density,
     set_step_tuning,
     tuned_nuts_end,
     tuned_nuts_start,
@@ -225,12 +224,13 @@ class SurrogateNUTSProposal(Proposal):
             # µs through SciPy's wrapper at d = 222, a tenth of that as a product).
             self._chol_inv = scipy.linalg.solve_triangular(self._whiten[1], np.eye(dim),
                                                            lower=True)
+        # NUTS's start: θ̂ in NUTS's coordinates (whitened: the origin)
+        start = mean if self._whiten is None else np.zeros(dim)
         with pm.Model(model=None) as self.model:  # a model of its own, never a submodel
+            x = pm.Flat("x", shape=(dim,), initval=start)
             if self._whiten is None:
-                x = pm.Flat("x", shape=(dim,), initval=mean)
                 pm.Potential("surrogate", clone_replace(graph, {inner: x}))
             else:
-                x = pm.Flat("x", shape=(dim,), initval=np.zeros(dim))
                 # graph_replace, not clone_replace: the latter would clone x's own node
                 # (a second Flat variable, outside the model). The whitening's mean and
                 # factor are shared variables, not constants: PyTensor's Numba cache keys
@@ -243,22 +243,19 @@ class SurrogateNUTSProposal(Proposal):
                      else diag_adapt_potential(dim, np.zeros(dim), np.ones(dim), 10))
         # π̃'s density (in NUTS's coordinates), compiled once, in the package's mode (Numba
         # unless an op would run in object mode: 1.5 × faster per call than PyMC's C
-        # default on the zoo's crossed model) and through its function cache; PyMC's NUTS
-        # is given it and compiles none of its own.
+        # default on the zoo's crossed model) and through its function cache. PyMC's NUTS
+        # is given it through _logp_dlogp, which remembers one transition's evaluations by
+        # their point's bytes, so that NUTS's start and the proposal's end are not
+        # evaluated again (see propose); PyMC compiles no density of its own.
         self._evaluate = self._density = density_function(self.model)
+        self._evaluated: dict[bytes, tuple[float, _Vec]] = {}
         self.nuts = _TreeNUTS(vars=[x], model=self.model, target_accept=target_accept,
                               max_treedepth=max_treedepth, potential=potential,
-                              logp_dlogp_func=GivenNutsDensity(self._density),
-                              initial_point={"x": mean if self._whiten is None
-                                             else np.zeros(dim)})
+                              logp_dlogp_func=GivenNutsDensity(self._logp_dlogp),
+                              initial_point={"x": start})
         self._adaptation_window = adaptation_window(potential)
         self._point_info = raveled_point_info("x", dim)
         fast_momentum(self.nuts.potential)
-        # PyMC's integrator evaluates π̃ through this wrapper: it remembers one
-        # transition's evaluations by their point's bytes, so that NUTS's start and the
-        # proposal's end are not evaluated again (see propose).
-        self._evaluated: dict[bytes, tuple[float, _Vec]] = {}
-        set_nuts_density(self.nuts, self._logp_dlogp)
         set_step_tuning(self.nuts, False)
         # The trajectory: PyMC's tree compiled with the density (nuts_tree), when the
         # density is a Numba function; PyMC's own tree in Python otherwise, said once.
