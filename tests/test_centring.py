@@ -137,6 +137,8 @@ def _dropped_jacobian(self, phi):
     return np.asarray(theta), 0.0
 
 
+# Full-data chains: a property of the map and its density, not of the PyMC line.
+@pytest.mark.newest_line
 @pytest.mark.parametrize("how", ["exact", "whitened",
                                  pytest.param("no_jacobian", marks=pytest.mark.slow)])
 def test_full_data_chain_with_centred_nuts_targets_the_posterior(how, monkeypatch):

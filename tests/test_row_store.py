@@ -129,6 +129,7 @@ def test_full_pass_of_wide_rows_in_calls_of_pass_rows():
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line
 @pytest.mark.parametrize("new_n", [1_000_000, 160_000_000], ids=["shorter", "longer"])
 def test_set_data_above_one_gibibyte(new_n):
     """The reported case: observed data of 1.1 GiB, then pm.set_data with new data."""
