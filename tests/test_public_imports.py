@@ -25,7 +25,8 @@ PUBLIC_PARTS = {"core", "datasets", "proposals", "errors", "diagnostics"}
 PYTHON = sorted([*ROOT.glob("examples/*.py"), *ROOT.glob("docs/gallery/*.py")])
 PAGES = sorted(p for p in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"),
                            *ROOT.glob("docs/**/*.rst")]
-               if "_build" not in p.parts and p.exists())
+               # not the pages a documentation build generates (gitignored)
+               if not {"_build", "generated", "auto_examples"} & set(p.parts) and p.exists())
 
 _FROM = re.compile(r"^[ \t>]*from[ \t]+(pymc_minibatch_mh[\w.]*)[ \t]+import[ \t]+"
                    r"(\([^)]*\)|[^\n]*)", re.MULTILINE)
