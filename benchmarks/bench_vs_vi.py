@@ -69,7 +69,7 @@ OUT = HERE / "results" / "vs_vi.json"
 DEFAULT_MODELS = "fertility_morekids_logistic,diamonds_logprice_normal,birthdays_state_poisson"
 METHODS = ("step", "advi-mb", "advi", "fullrank", "pathfinder")
 #: Plot markers, one per method.
-MARKERS = {"step": "o", "advi-mb500": "v", "advi-mb5000": "^", "advi": "s",
+MARKERS = {"step": "o", "advi-mb100": "<", "advi-mb500": "v", "advi-mb5000": "^", "advi": "s",
            "fullrank": "D", "pathfinder": "P", "nutpie": "*"}
 
 
@@ -423,12 +423,24 @@ def header(argv: list[str], args: argparse.Namespace) -> dict[str, Any]:
                          "chains": 2, "cores": 1, "seed": args.seed}}
 
 
+def report_records(paths: list[Path]) -> list[dict]:
+    """The records of several results files, with one reference per model and row count:
+    a file that ran some methods again re-runs nutpie too, and its reference is not
+    repeated (the first file's stands)."""
+    records: list[dict] = []
+    for path in paths:
+        seen = {(r["model"], r["rows"]) for r in records if r["method"] == "nutpie"}
+        records += [r for r in json.loads(path.read_text())["records"]
+                    if r["method"] != "nutpie" or (r["model"], r["rows"]) not in seen]
+    return records
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(HERE))
     args = parse_args(argv)
     if args.report is not None:
-        records = [r for path in args.report for r in json.loads(path.read_text())["records"]]
+        records = report_records(args.report)
         print(table(records))
         print()
         print(summary(records))
