@@ -424,15 +424,18 @@ def header(argv: list[str], args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report_records(paths: list[Path]) -> list[dict]:
-    """The records of several results files, with one reference per model and row count:
-    a file that ran some methods again re-runs nutpie too, and its reference is not
-    repeated (the first file's stands)."""
+    """The records of several results files, grouped by model and row count (in the
+    order they first appear), with one reference each: a file that ran some methods
+    again re-runs nutpie too, and its reference is not repeated (the first file's
+    stands)."""
     records: list[dict] = []
     for path in paths:
         seen = {(r["model"], r["rows"]) for r in records if r["method"] == "nutpie"}
         records += [r for r in json.loads(path.read_text())["records"]
                     if r["method"] != "nutpie" or (r["model"], r["rows"]) not in seen]
-    return records
+    order = {key: i for i, key in reversed(list(enumerate(
+        (r["model"], r["rows"]) for r in records)))}
+    return sorted(records, key=lambda r: order[(r["model"], r["rows"])])
 
 
 def main(argv: list[str] | None = None) -> None:
