@@ -30,7 +30,7 @@ def test_auto_and_refusals():
     # what each proposal declares (the proposals are not built: the class attribute is read)
     assert resolve_steps_per_draw("auto", CrankNicolsonProposal) == 3
     assert resolve_steps_per_draw("auto", SurrogateTransitionProposal) == 3
-    assert resolve_steps_per_draw("auto", SurrogateNUTSProposal) == 9
+    assert resolve_steps_per_draw("auto", SurrogateNUTSProposal) == 4
     assert resolve_steps_per_draw("auto", RandomWalkProposal) == 1
     assert resolve_steps_per_draw(5, RandomWalkProposal) == 5
     with normal_model():

@@ -186,8 +186,8 @@ def test_auto_runs_the_penalty_test_with_crank_nicolson_and_surrogate_nuts_only(
     assert zero_config.acceptance == "penalty" and zero_config.sigma == 0.5
     assert zero_config.steps_per_draw == 3  # at σ = 0.5 as with Barker's test
     assert isinstance(zero_config.correction, PenaltyCorrection)
-    # NUTS on the surrogate starts with the penalty test too, and keeps its nine transitions.
-    assert nuts.acceptance == "penalty" and nuts.steps_per_draw == 9
+    # NUTS on the surrogate starts with the penalty test too, and keeps its four transitions.
+    assert nuts.acceptance == "penalty" and nuts.steps_per_draw == 4
     for step in (plain, skewed):
         assert step.acceptance == "barker" and step.sigma == 1.0
 

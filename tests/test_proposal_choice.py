@@ -107,7 +107,7 @@ def test_surrogate_proposals_sample_the_posterior_and_report_their_parameters(ki
         assert np.all(scaling <= step.proposal.max_scale)
         np.testing.assert_allclose([step.proposal.rho(s) for s in scaling], rho, atol=1e-12)
     # residuals are 0: one round of 50 rows in each of the draw's transitions
-    assert step.steps_per_draw == (9 if kind == "surrogate_nuts" else 3)
+    assert step.steps_per_draw == (4 if kind == "surrogate_nuts" else 3)
     assert np.asarray(ss["batch_size"]).max() == 50 * step.steps_per_draw
 
 

@@ -191,7 +191,11 @@ class SurrogateNUTSProposal(Proposal):
 
     name: ClassVar[str] = "surrogate_nuts"
     uses_scale: ClassVar[bool] = False
-    transitions_per_draw: ClassVar[int] = 9
+    #: Measured with PyMC's default draws (:mod:`~pymc_minibatch_mh.transition.inner_steps`):
+    #: with the group effects that the data fix centred, 4 transitions per draw kept the
+    #: effective samples of 9 within 20 % at under half the sampling time on real and
+    #: generated hierarchical models; 3 left R-hat at 1.011 on one of them.
+    transitions_per_draw: ClassVar[int] = 4
 
     def __init__(self, posterior: SurrogatePosterior, *, n_inner: int = 1,
                  target_accept: float = 0.8, max_treedepth: int = 10) -> None:

@@ -149,7 +149,7 @@ audit_every : int, optional
     "steps_per_draw": """\
 steps_per_draw : int or "auto", default "auto"
     Transitions per draw (:mod:`~pymc_minibatch_mh.transition.inner_steps`, which says how
-    a draw's stats combine them). ``"auto"``: 9 with NUTS on the surrogate, 3 with another
+    a draw's stats combine them). ``"auto"``: 4 with NUTS on the surrogate, 3 with another
     surrogate proposal, else 1.""",
     "model": """\
 model : pymc.Model, optional
