@@ -433,8 +433,9 @@ def report_records(paths: list[Path]) -> list[dict]:
         seen = {(r["model"], r["rows"]) for r in records if r["method"] == "nutpie"}
         records += [r for r in json.loads(path.read_text())["records"]
                     if r["method"] != "nutpie" or (r["model"], r["rows"]) not in seen]
-    order = {key: i for i, key in reversed(list(enumerate(
-        (r["model"], r["rows"]) for r in records)))}
+    order: dict[tuple, int] = {}
+    for r in records:
+        order.setdefault((r["model"], r["rows"]), len(order))
     return sorted(records, key=lambda r: order[(r["model"], r["rows"])])
 
 
