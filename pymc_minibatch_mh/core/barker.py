@@ -234,7 +234,8 @@ def barker_rounds(
             return (NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0, m3,
                     0.0, False, 0.0, 0.0)
         chunk = block[pos : pos + count]
-        buf[n : n + count] = chunk
+        for i in range(count):  # not a slice assignment: see nuts_tree._copy
+            buf[n + i] = chunk[i]
         c_mean, c_m2 = chunk_moments(chunk)
         pos += count
         rounds += 1

@@ -82,7 +82,7 @@ def start_inner_chain(step: Any, rng: Any) -> None:
 
 
 def default_mode() -> str:
-    """Compilation mode for the per-step functions.
+    """Compilation mode for the per-step functions and the full-data passes.
 
     Returns
     -------

@@ -299,8 +299,11 @@ class Centring:
         # Called directly (about 10 µs less a call than PyTensor's wrapper; direct_call).
         self._from_phi = direct_call(
             compile_function([phi], [self._theta, self._log_jacobian], mode)[0])
+        # Vectorised, not a Scan: with PyTensor's cache empty, a Scan compiles its C
+        # module first (5 s; 0.7 s vectorised).
         self._jacobian = pytensor.function(
-            [flat], pytensor.gradient.jacobian(forward, flat), mode="FAST_COMPILE")
+            [flat], pytensor.gradient.jacobian(forward, flat, vectorize=True),
+            mode="FAST_COMPILE")
 
     def to_phi(self, x: ArrayLike) -> NDArray[np.float64]:
         """``T(θ)``."""
