@@ -84,6 +84,19 @@ def test_the_map_is_a_bijection_and_the_density_carries_its_jacobian(crossed_ste
     assert centring.from_phi(phi)[1] == pytest.approx(log_det, abs=1e-5)
 
 
+def test_the_covariance_carried_to_phi_is_the_symbolic_jacobians(crossed_step):
+    """``J Σ Jᵀ`` by finite differences against PyTensor's symbolic ``J = ∂φ/∂θ``."""
+    step, _ = crossed_step
+    post = step.surrogate_posterior()
+    centring, laplace = post.centring, post.laplace
+    jac = pytensor.function([post.flat], pytensor.gradient.jacobian(
+        centring.forward_graph, post.flat, vectorize=True))(laplace.theta_hat)
+    expected = jac @ laplace.cov @ jac.T
+    got = centring.covariance(laplace.theta_hat, laplace.cov)
+    scale = np.sqrt(np.outer(np.diag(expected), np.diag(expected)))
+    np.testing.assert_allclose(got / scale, expected / scale, rtol=0, atol=1e-5)
+
+
 def grouped_model():
     """Two groups of 150 binary rows, non-centred: both groups are centred."""
     rng = np.random.default_rng(11)
