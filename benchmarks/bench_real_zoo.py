@@ -39,7 +39,8 @@ each sampler's own run.
 Results are written as JSON (a header with the machine, versions, commit and command, and
 a list of records) to ``--out`` after every model, and printed as a Markdown table;
 ``--report FILE ...`` prints the summary (cold and warm ratios side by side) of earlier
-results files, and ``--plot`` draws them (the tables and the figure of the README, of
+results files (those of one PyMC line merged: a model run again in a later file replaces
+its earlier records), and ``--plot`` draws them (the tables and the figure of the README, of
 ``benchmarks/README.md`` and of the guide's performance page)::
 
     .venv/bin/python benchmarks/bench_real_zoo.py --both --rows 30000 \\
@@ -299,7 +300,8 @@ def by_model(records: list[dict]) -> dict[str, dict[tuple[str, str], dict]]:
 
 
 def summary(files: list[Path]) -> str:
-    """One row per model and results file: the cold and warm ratios side by side.
+    """One row per model and PyMC line (:func:`by_line`): the cold and warm ratios side by
+    side.
 
     "×" is the package's ESS/s over the reference's in the same run (set-up included);
     "set-up s" the package's set-up against nutpie's compilation, in the cold run.
@@ -308,7 +310,7 @@ def summary(files: list[Path]) -> str:
              "(package / nutpie) | R-hat (package / reference) | \\|Δmean\\|/MCSE | "
              "\\|sd ratio − 1\\| | right |",
              "|" + " --- |" * 10]
-    for data in load_results(files):
+    for data in by_line(files):
         pymc_version = data["machine"].get("pymc")
         for name, by in by_model(data["records"]).items():
             cold, warm = by.get(("cold", "package")), by.get(("warm", "package"))
@@ -335,9 +337,27 @@ def summary(files: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def by_line(files: list[Path]) -> list[dict]:
+    """The results files merged per PyMC version, in order of first appearance.
+
+    Files of the same PyMC line make one run: a model's records in a later file replace
+    those of an earlier one (a model run again at a later commit). Each merged run keeps
+    the first file's ``machine``.
+    """
+    merged: dict[str, dict] = {}
+    for data in load_results(files):
+        line = merged.setdefault(str(data["machine"].get("pymc")),
+                                 {"machine": data["machine"], "records": []})
+        again = {r["model"] for r in data["records"]}
+        line["records"] = [r for r in line["records"] if r["model"] not in again]
+        line["records"] += data["records"]
+    return list(merged.values())
+
+
 def side_by_side(files: list[Path]) -> str:
-    """One row per model: × nutpie cold and warm, and the agreement, for each results file."""
-    runs = load_results(files)
+    """One row per model: × nutpie cold and warm, and the agreement, per PyMC line
+    (:func:`by_line`)."""
+    runs = by_line(files)
     heads = [f"PyMC {data['machine'].get('pymc')}" for data in runs]
     lines = ["| model | family, shape | rows | " + " | ".join(
         f"× cold / warm, {head} | right" for head in heads) + " |",
@@ -367,13 +387,14 @@ def side_by_side(files: list[Path]) -> str:
 
 
 def plot(files: list[Path], path: Path) -> None:
-    """× nutpie (ESS/s, set-up included) per model, cold and warm, one colour per file."""
+    """× nutpie (ESS/s, set-up included) per model, cold and warm, one colour per PyMC
+    line (:func:`by_line`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = load_results(files)
+    runs = by_line(files)
     names = list(dict.fromkeys(r["model"] for data in runs for r in data["records"]))
     fig, ax = plt.subplots(figsize=(10, 5.2))
     markers = {"cold": "o", "warm": "^"}
