@@ -21,7 +21,8 @@
   probability given its minibatch and the per-step error estimates;
 - :mod:`~pymc_minibatch_mh.core.rows`: rows without replacement at the cost of a slice;
 - :mod:`~pymc_minibatch_mh.core.buffered`: a ``Generator`` with scalar draws in blocks;
-- :mod:`~pymc_minibatch_mh.core.source`: the minibatch source protocol.
+- :mod:`~pymc_minibatch_mh.core.source`: the minibatch source protocol;
+- :mod:`~pymc_minibatch_mh.core.arrays`: the array copy of the compiled kernels.
 """
 
 from pymc_minibatch_mh.core.austere import (

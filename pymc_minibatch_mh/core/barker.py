@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 from pymc_minibatch_mh.core.acceptance_error import barker_error_estimate
+from pymc_minibatch_mh.core.arrays import copy_into
 from pymc_minibatch_mh.core.common import TestOutcome, check_batch_size
 from pymc_minibatch_mh.core.correction import CorrectionSampler
 from pymc_minibatch_mh.core.logistic import barker_accepts, barker_probability
@@ -234,8 +235,7 @@ def barker_rounds(
             return (NEED_MORE, pos, n, mean, m2, rounds, delta_star, variance, 0.0, 0.0, m3,
                     0.0, False, 0.0, 0.0)
         chunk = block[pos : pos + count]
-        for i in range(count):  # not a slice assignment: see nuts_tree._copy
-            buf[n + i] = chunk[i]
+        copy_into(buf[n : n + count], chunk)
         c_mean, c_m2 = chunk_moments(chunk)
         pos += count
         rounds += 1

@@ -43,25 +43,13 @@ from numba import types
 from numba.core.types.function_type import WrapperAddressProtocol
 from numba.experimental.function_type import _get_wrapper_address
 
+from pymc_minibatch_mh.core.arrays import copy_into
+
 __all__ = ["CompiledTree", "build_tree"]
 
 #: The velocity's row in the tree's arrays of a leaf (rows: position, momentum,
 #: velocity, gradient).
 _V = 2
-
-
-@numba.njit(cache=True)
-def _copy(dst, src):  # pragma: no cover (compiled)
-    """``dst[...] = src`` for arrays of one shape, element by element.
-
-    Numba's array assignment checks the shapes and, to say what went wrong, compiles a
-    formatted error message: 2–3 s of compilation the first time in a process (Numba's
-    cache empty), for a check these arrays, all of one size, never fail.
-    """
-    flat_dst = dst.reshape(-1) if dst.ndim > 1 else dst
-    flat_src = src.reshape(-1) if src.ndim > 1 else src
-    for i in range(flat_src.shape[0]):
-        flat_dst[i] = flat_src[i]
 
 
 @numba.njit(cache=True)
@@ -114,8 +102,8 @@ def _extra_checks(left_sum, right_sum, left_begin_v, left_end_p, left_end_v, rig
 def _take_proposal(prop_q, prop_g, prop_logp, prop_energy, prop_index, to,
                    source):  # pragma: no cover (compiled)
     """Row ``to`` of the proposals' arrays takes row ``source``'s proposal (all its parts)."""
-    _copy(prop_q[to], prop_q[source])
-    _copy(prop_g[to], prop_g[source])
+    copy_into(prop_q[to], prop_q[source])
+    copy_into(prop_g[to], prop_g[source])
     prop_logp[to] = prop_logp[source]
     prop_energy[to] = prop_energy[source]
     prop_index[to] = prop_index[source]
@@ -178,13 +166,13 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
     # apart).
     front = np.empty((4, d))
     q, p, v, g = front[0], front[1], front[2], front[3]
-    _copy(q, q0)
-    _copy(p, p0)
-    _copy(v, v0)
-    _copy(g, grad0)
+    copy_into(q, q0)
+    copy_into(p, p0)
+    copy_into(v, v0)
+    copy_into(g, grad0)
     ends = np.empty((2, 4, d))
-    _copy(ends[0], front)
-    _copy(ends[1], front)
+    copy_into(ends[0], front)
+    copy_into(ends[1], front)
     end_i = np.zeros(2, dtype=np.int64)
     # The subtree under construction: a stack of completed halves. A half's "first" leaf
     # is the one integrated first (next to the tree), its "last" the farthest. The
@@ -202,8 +190,8 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
     s_prop_energy = np.empty(levels + 1)
     s_prop_index = np.zeros(levels + 1, dtype=np.int64)
     # The tree's proposal (the start), log weight and momentum sum.
-    _copy(s_prop_q[tree], q0)
-    _copy(s_prop_g[tree], grad0)
+    copy_into(s_prop_q[tree], q0)
+    copy_into(s_prop_g[tree], grad0)
     s_prop_logp[tree] = logp0
     s_prop_energy[tree] = energy0
     log_size = 0.0
@@ -226,9 +214,9 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
         side = 1 if direction > 0 else 0
         epsilon = step_size * direction
         half = 0.5 * epsilon
-        _copy(front, ends[side])
-        _copy(old_p, p)
-        _copy(old_v, v)
+        copy_into(front, ends[side])
+        copy_into(old_p, p)
+        copy_into(old_v, v)
         index = end_i[side]
         top = 0
         failed = False
@@ -241,7 +229,7 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
                 q[i] += epsilon * v[i]
             out = density((q,) + cells)
             logp = float(out[0][()])
-            _copy(g, out[1])
+            copy_into(g, out[1])
             for i in range(d):
                 p[i] += half * g[i]
             _velocity(mass, dense, p, v)
@@ -260,14 +248,14 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
                 failed = True
                 break
             # The leaf: a subtree of depth 0.
-            _copy(s_first_p[top], p)
-            _copy(s_first_v[top], v)
-            _copy(s_last_p[top], p)
-            _copy(s_last_v[top], v)
-            _copy(s_p_sum[top], p)
+            copy_into(s_first_p[top], p)
+            copy_into(s_first_v[top], v)
+            copy_into(s_last_p[top], p)
+            copy_into(s_last_v[top], v)
+            copy_into(s_p_sum[top], p)
             s_log_size[top] = -change
-            _copy(s_prop_q[top], q)
-            _copy(s_prop_g[top], g)
+            copy_into(s_prop_q[top], q)
+            copy_into(s_prop_g[top], g)
             s_prop_logp[top] = logp
             s_prop_energy[top] = energy
             s_prop_index[top] = index
@@ -290,9 +278,9 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
                     _take_proposal(s_prop_q, s_prop_g, s_prop_logp, s_prop_energy,
                                    s_prop_index, a, b)
                 s_log_size[a] = merged
-                _copy(s_p_sum[a], work)
-                _copy(s_last_p[a], s_last_p[b])
-                _copy(s_last_v[a], s_last_v[b])
+                copy_into(s_p_sum[a], work)
+                copy_into(s_last_p[a], s_last_p[b])
+                copy_into(s_last_v[a], s_last_v[b])
                 top -= 1
                 if turned:
                     failed = True
@@ -302,7 +290,7 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
             if failed:
                 break
         # The end moves even when the extension fails, as PyMC's does (then it is unused).
-        _copy(ends[side], front)
+        copy_into(ends[side], front)
         end_i[side] = index
         depth += 1
         if failed:
@@ -312,7 +300,7 @@ def build_tree(density, cells, rng, q0, p0, v0, grad0, logp0, energy0, step_size
             _take_proposal(s_prop_q, s_prop_g, s_prop_logp, s_prop_energy, s_prop_index,
                            tree, 0)
         log_size = _logaddexp(s_log_size[0], log_size)
-        _copy(old_sum, p_sum)
+        copy_into(old_sum, p_sum)
         for i in range(d):
             p_sum[i] += s_p_sum[0, i]
         if _turned(p_sum, ends[0, _V], ends[1, _V]):
