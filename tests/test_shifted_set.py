@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytest
+from pytensor.graph.traversal import graph_inputs
 from scipy.special import expit
 
 from pymc_minibatch_mh import MinibatchBarker
@@ -237,6 +238,29 @@ def test_without_small_levels_there_is_no_set(monkeypatch):
     data_free = cv.open(x, x_prop, np.array(1.0), 0.0, 50)
     assert data_free + cv.full_pass().sum() == pytest.approx(_exact_delta(step, x, x_prop),
                                                              abs=1e-8)
+
+
+def _set_variables(step):
+    """Names of the set's shared variables read by the per-step function and by π̃."""
+    def names(variables):
+        return {v.name for v in variables if (v.name or "").startswith("shift_")}
+    fn = step.control_variate.fn.fn
+    return (names(fn.maker.fgraph.inputs),
+            names(graph_inputs([step.surrogate_posterior().graph])))
+
+
+def test_without_rows_in_the_set_its_terms_are_left_out(crossed, monkeypatch):
+    """The set's terms are 0 without rows: the per-step function and the surrogate
+    posterior are built without them (their gathers were half the per-step function's
+    nodes on bambi's ``(prestige|year)`` model); with rows, both read the tables."""
+    per_step, surrogate = _set_variables(crossed[2])
+    assert "shift_L" in per_step and "shift_L" in surrogate
+    monkeypatch.setattr(predictor_set, "SHIFTED_LEVEL_ROWS", 0)
+    model, _ = crossed_model()
+    with model:
+        step = MinibatchBarker(control_variate="taylor")
+    assert step.control_variate.set_rows == 0
+    assert _set_variables(step) == (set(), set())
 
 
 def test_the_surrogate_reads_no_rows(crossed):

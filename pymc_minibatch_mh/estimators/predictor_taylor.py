@@ -134,7 +134,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
     _strict_map: ClassVar[bool] = False  # see the module docstring: the last point is kept
 
     __slots__ = ("_coef_hat", "_coef_gradient", "_coef_hessian", "_shift_proxy_fn",
-                 "shifted_set")
+                 "shifted_set", "_delta_graphs", "_delta_fns")
 
     def __init__(
         self,
@@ -206,11 +206,17 @@ class PredictorTaylorEstimator(TaylorEstimator):
         return value
 
     def proxy_graph(self, flat: Any) -> Any:
-        """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared sums)."""
+        """:meth:`proxy_value` as a PyTensor graph of the flat state ``flat`` (shared sums).
+
+        The set's levels' sums are in the graph only when the set has rows, as in
+        :meth:`proxy_value` (the set is chosen at each set-up, and the step builds this
+        graph again after one). Without rows they are 0, and their gathers were a third
+        of the nodes of the surrogate NUTS's density on bambi's ``(prestige|year)`` model.
+        """
         c = clone_replace(self.analysis.coef, {self.likelihood.graphs.flat: flat})
         graph = expansion_difference(self._coef_gradient, self._coef_hessian, self._coef_hat,
                                      self._coef_hat, c, dot=pt.dot)
-        if self.shifted_set.slots:
+        if self.set_rows:
             graph = graph + self.shifted_set.tables.total(c - self._coef_hat)
         return graph
 
@@ -291,17 +297,33 @@ class PredictorTaylorEstimator(TaylorEstimator):
         )
         self._shift_proxy_fn = None
         self.shifted_set = shifted = ShiftedSet(an, self.likelihood, self.step_name)
+        inputs = [x_cur, x_prop, inv_t, *graphs.data]
+        outputs = {False: [residuals, graphs.prior_delta + closed_form * inv_t]}
         if shifted.slots:
             # The set's levels are chosen at each set-up, after θ̂ (_select_set): each
             # index term's slots (a level's table, or −1) are shared variables.
             residuals, closed_form = shifted.residual_graphs(
                 graphs, residuals, closed_form, (q_prop, q_cur, q_hat), h, (c_prop, c_cur),
                 self._coef_hat, inv_t)
-        fn = self.likelihood.compile(
-            [x_cur, x_prop, inv_t, *graphs.data],
-            [residuals, graphs.prior_delta + closed_form * inv_t],
-        )
-        return direct_call(fn)
+            outputs[True] = [residuals, graphs.prior_delta + closed_form * inv_t]
+        self._delta_graphs = (inputs, outputs)
+        self._delta_fns: dict[bool, Any] = {}
+        return _before_set_up
+
+    def _delta_for_set(self) -> Any:
+        """The per-step function for the set of the last set-up (compiled on first use).
+
+        With rows in the set, the graph with its residuals and tables; without, the graph
+        without them, whose values are the same (the set's terms are 0) at about half the
+        cost per call (bambi's ``(prestige|year)`` model: 7 µs against 14 µs for 50 rows,
+        160 nodes against 255).
+        """
+        with_set = bool(self.set_rows) and True in self._delta_graphs[1]
+        if with_set not in self._delta_fns:
+            inputs, outputs = self._delta_graphs
+            self._delta_fns[with_set] = direct_call(
+                self.likelihood.compile(inputs, outputs[with_set]))
+        return self._delta_fns[with_set]
 
     def _set_up(self) -> None:
         """θ̂ and the full-data sums, then the set on the same data.
@@ -312,6 +334,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         self.shifted_set.clear()  # the last set-up's set is of the old data
         super()._set_up()
         self._select_set()
+        self.fn = self._delta_for_set()
 
     def _select_set(self) -> None:
         """Choose the set at θ̂ and build its tables.
@@ -353,3 +376,8 @@ def _residuals(ratios: Any, q_prop: list[Any], q_cur: list[Any], q_hat: list[Any
     dq = [a - b for a, b in zip(q_prop, q_cur, strict=True)]
     wq = [a + b - 2.0 * c for a, b, c in zip(q_prop, q_cur, q_hat, strict=True)]
     return ratios - second_order(inner(g, dq), bilinear(h, dq, wq)) * inv_t
+
+
+def _before_set_up(*args: Any) -> Any:
+    """The per-step function's place until the first set-up has chosen the set."""
+    raise RuntimeError("The estimator's per-step function is chosen by its set-up.")
