@@ -251,8 +251,9 @@ def _set_variables(step):
 
 def test_without_rows_in_the_set_its_terms_are_left_out(crossed, monkeypatch):
     """The set's terms are 0 without rows: the per-step function and the surrogate
-    posterior are built without them (their gathers were half the per-step function's
-    nodes on bambi's ``(prestige|year)`` model); with rows, both read the tables."""
+    posterior are built without them (on bambi's ``(prestige|year)`` model they were a
+    third of the per-step function's nodes and half its cost); with rows, both read the
+    tables."""
     per_step, surrogate = _set_variables(crossed[2])
     assert "shift_L" in per_step and "shift_L" in surrogate
     monkeypatch.setattr(predictor_set, "SHIFTED_LEVEL_ROWS", 0)

@@ -297,16 +297,18 @@ class PredictorTaylorEstimator(TaylorEstimator):
         )
         self._shift_proxy_fn = None
         self.shifted_set = shifted = ShiftedSet(an, self.likelihood, self.step_name)
-        inputs = [x_cur, x_prop, inv_t, *graphs.data]
-        outputs = {False: [residuals, graphs.prior_delta + closed_form * inv_t]}
+        variants = {False: (residuals, closed_form)}
         if shifted.slots:
             # The set's levels are chosen at each set-up, after θ̂ (_select_set): each
             # index term's slots (a level's table, or −1) are shared variables.
-            residuals, closed_form = shifted.residual_graphs(
+            variants[True] = shifted.residual_graphs(
                 graphs, residuals, closed_form, (q_prop, q_cur, q_hat), h, (c_prop, c_cur),
                 self._coef_hat, inv_t)
-            outputs[True] = [residuals, graphs.prior_delta + closed_form * inv_t]
-        self._delta_graphs = (inputs, outputs)
+        self._delta_graphs = (
+            [x_cur, x_prop, inv_t, *graphs.data],
+            {with_set: [r, graphs.prior_delta + closed * inv_t]
+             for with_set, (r, closed) in variants.items()},
+        )
         self._delta_fns: dict[bool, Any] = {}
         return _before_set_up
 
@@ -318,7 +320,7 @@ class PredictorTaylorEstimator(TaylorEstimator):
         cost per call (bambi's ``(prestige|year)`` model: 7 µs against 14 µs for 50 rows,
         160 nodes against 255).
         """
-        with_set = bool(self.set_rows) and True in self._delta_graphs[1]
+        with_set = bool(self.set_rows)  # a set has rows only where there are slots
         if with_set not in self._delta_fns:
             inputs, outputs = self._delta_graphs
             self._delta_fns[with_set] = direct_call(
