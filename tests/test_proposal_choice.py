@@ -24,7 +24,7 @@ from pymc_minibatch_mh.proposals import (
     SurrogateNUTSProposal,
     SurrogateTransitionProposal,
 )
-from pymc_minibatch_mh.proposals.registry import PROPOSAL_CODES
+from pymc_minibatch_mh.proposals.registry import LAPLACE_MISMATCH, PROPOSAL_CODES
 
 Y = np.random.default_rng(5).normal(1.3, 2.0, size=4000)
 
@@ -180,3 +180,48 @@ def test_auto_runs_nuts_on_the_surrogate_where_the_quantities_are_not_affine():
     assert np.all(codes == PROPOSAL_CODES["surrogate_nuts"])
     with pytest.raises(ValueError, match="n_inner must be an integer"):
         SurrogateNUTSProposal(step.surrogate_posterior(), n_inner=0)
+
+
+def centred_poisson_model(tau_true, rows_per_group=1000, groups=20, seed=3):
+    """Centred group intercepts (affine in θ): a_g ~ N(mu, tau), counts with one slope."""
+    rng = np.random.default_rng(seed)
+    g = np.repeat(np.arange(groups), rows_per_group)
+    x = rng.normal(size=g.size)
+    a = 0.5 + tau_true * rng.normal(size=groups)
+    y = rng.poisson(np.exp(a[g] + 0.3 * x))
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 2.0)
+        tau = pm.HalfNormal("tau", 1.0)
+        a_g = pm.Normal("a", mu, tau, shape=groups)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Poisson("y", pm.math.exp(a_g[g] + b * x), observed=y)
+    return model
+
+
+@pytest.mark.parametrize("tau_true, expected", [(0.07, "surrogate_nuts"),
+                                                 (1.0, "crank_nicolson")])
+def test_auto_runs_nuts_where_the_surrogate_is_far_from_its_laplace_fit(tau_true, expected,
+                                                                        caplog):
+    """Centred intercepts are affine in θ, but where the groups' spread is uncertain
+    against what the data say of each group (0.07 against about 0.025), the prior makes
+    the surrogate posterior far from Gaussian, and "auto" runs NUTS on it; where the
+    groups are far apart (1.0), Crank–Nicolson moves around the Laplace fit. A linear
+    model's surrogate is its Laplace fit."""
+    with normal_model():
+        step = MinibatchBarker()
+        assert step.surrogate_posterior().laplace_mismatch() < 1e-6
+    with centred_poisson_model(tau_true), caplog.at_level("INFO", logger="pymc_minibatch_mh"):
+        step = MinibatchBarker()
+    assert step.control_variate.analysis.is_affine()
+    post = step.surrogate_posterior()
+    mismatch = post.laplace_mismatch()
+    # measured with the per-step function: the ratio of the surrogate's log density
+    mode, x = post.laplace.theta_hat, post.laplace.theta_hat + post.laplace.chol[:, 0]
+    assert post.log_ratio(mode, x) == pytest.approx(
+        post.log_density(x) - post.log_density(mode), abs=1e-8)
+    assert step.proposal.name == expected
+    assert (mismatch > LAPLACE_MISMATCH) == (expected == "surrogate_nuts")
+    told = [r.getMessage() for r in caplog.records if "Laplace fit" in r.getMessage()]
+    assert bool(told) == (expected == "surrogate_nuts")
+    if told:
+        assert f"{mismatch:.2f}" in told[0]

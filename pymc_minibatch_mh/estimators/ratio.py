@@ -38,6 +38,9 @@ from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 
 __all__ = ["PrefetchPolicy", "RatioEstimator"]
 
+#: The row index with which :meth:`RatioEstimator.data_free` calls the per-step function.
+_FIRST_ROW = np.zeros(1, dtype=np.int64)
+
 
 class PrefetchPolicy:
     """Chooses how many test rounds of rows to evaluate with a step's data-free part.
@@ -203,6 +206,15 @@ class RatioEstimator:
         self._pos = 0
         self._taken = self.evaluated = rows
         return float(out[1]) + log_q_ratio
+
+    def data_free(self, x_cur: NDArray[np.float64], x_prop: NDArray[np.float64],
+                  inv_temperature: NDArray[np.float64]) -> float:
+        """The data-free part of Δ for the pair (θ, θ′), outside a chain and its step.
+
+        ``fn`` on the data's first row, whose residual is dropped: no row draws, and no
+        function compiled besides the per-step one.
+        """
+        return float(self.fn(x_cur, x_prop, inv_temperature, *self.store.rows(_FIRST_ROW))[1])
 
     @property
     def buffered(self) -> int:

@@ -17,8 +17,10 @@
   (:mod:`~pymc_minibatch_mh.proposals.nuts`), for posteriors that are curved even
   at large N (hierarchical models).
 - ``"auto"`` (the default): with control variates, ``"crank_nicolson"`` when the per-row
-  quantities are affine in θ (GLMs; the expansion in θ) and ``"surrogate_nuts"`` when they
-  are not (``mu + tau * z[g]``); ``"random_walk"`` without control variates (and with
+  quantities are affine in θ (GLMs; the expansion in θ) and the surrogate posterior is
+  close to its Laplace fit, and ``"surrogate_nuts"`` when not (``mu + tau * z[g]``, or
+  centred group effects whose scale the data leave uncertain); ``"random_walk"`` without
+  control variates (and with
   them when there is no Laplace fit: the Hessian at θ̂ is not negative definite; a
   warning says so). Crank–Nicolson needs no gradient and, on a
   concentrated posterior, tunes itself to the independence sampler (ρ = 0), where
@@ -34,11 +36,12 @@ The surrogate proposals get the step's
 :class:`~pymc_minibatch_mh.proposals.surrogate.SurrogatePosterior` (the step builds it once
 from its control variates, likelihood and temperature); ``"auto"`` reads two facts of the
 control variates: whether a Laplace fit exists and whether the per-row quantities are
-affine in θ.
+affine in θ; and one of the surrogate posterior: how far it is from its Laplace fit.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -53,7 +56,9 @@ from pymc_minibatch_mh.proposals.random_walk import RandomWalkProposal
 from pymc_minibatch_mh.proposals.surrogate import SurrogatePosterior
 from pymc_minibatch_mh.proposals.surrogate_transition import SurrogateTransitionProposal
 
-__all__ = ["PROPOSALS", "PROPOSAL_CODES", "make_proposal"]
+__all__ = ["LAPLACE_MISMATCH", "PROPOSALS", "PROPOSAL_CODES", "make_proposal"]
+
+_log = logging.getLogger("pymc_minibatch_mh")
 
 #: The names ``proposal=`` accepts.
 PROPOSALS: tuple[str, ...] = (
@@ -73,6 +78,16 @@ PROPOSAL_CODES: dict[str, int] = {
     "surrogate_nuts": 6,
     "stiefel_random_walk": 8,
 }
+
+#: The largest spread of the surrogate posterior's log density about its Laplace fit
+#: (:meth:`~pymc_minibatch_mh.proposals.surrogate.SurrogatePosterior.laplace_mismatch`)
+#: with which ``proposal="auto"`` runs Crank–Nicolson moves around the fit; above it, NUTS
+#: on the surrogate. Measured on the real-data zoo (30,000 rows, ten sets of draws each):
+#: GLMs 0.00–0.01; Poisson births with centred state intercepts 0.05–0.10
+#: (Crank–Nicolson: R-hat 1.007, 2.4 × NUTS's effective samples a second); binomial
+#: vocabulary scores with centred year intercepts 0.34–0.44 (Crank–Nicolson: R-hat 1.03,
+#: smallest bulk ESS 178; NUTS: 1.002 and 1,641, twice the effective samples a second).
+LAPLACE_MISMATCH: float = 0.2
 
 
 def make_proposal(
@@ -132,18 +147,15 @@ def make_proposal(
         raise ValueError(f"proposal must be one of {PROPOSALS} or an object, got {kind!r}.")
     laplace = isinstance(S, str) and S == "laplace"
     if kind == "auto":
-        kind = "crank_nicolson" if control_variate is not None and S is None else "random_walk"
-        if kind == "crank_nicolson" and not _affine(control_variate):
-            kind = "surrogate_nuts"
-        if kind != "random_walk":
+        kind = "random_walk"
+        if control_variate is not None and S is None:
             try:
-                posterior()
+                kind = _surrogate_kind(control_variate, posterior())
             except ValueError as err:
                 warnings.warn(
                     f"proposal='auto' falls back to a random walk: {err}", UserWarning,
                     stacklevel=4,
                 )
-                kind = "random_walk"
     if kind == "random_walk":
         if laplace:
             if control_variate is None:
@@ -176,12 +188,24 @@ def make_proposal(
     return SurrogateTransitionProposal(post)
 
 
-def _affine(control_variate: Any) -> bool:
-    """Whether the per-row quantities are affine in θ (always true for the expansion in θ).
+def _surrogate_kind(control_variate: Any, post: SurrogatePosterior) -> str:
+    """``"auto"`` with control variates: Crank–Nicolson or NUTS on the surrogate.
 
-    Then the posterior is close to the Laplace fit for large N, and Crank–Nicolson around
-    it is best; otherwise (``mu + tau * z[g]`` of a hierarchical model) the posterior is
-    curved even where every row's quantity is concentrated, and NUTS on the surrogate is.
+    Crank–Nicolson moves around the Laplace fit where π̃ is close to it: the per-row
+    quantities affine in θ (always so for the expansion in θ) and the spread of
+    ``log π̃`` about the fit (:meth:`SurrogatePosterior.laplace_mismatch`) at most
+    :data:`LAPLACE_MISMATCH`. Otherwise NUTS on π̃: ``mu + tau * z[g]`` of a hierarchical
+    model is curved even where every row's quantity is concentrated, and a centred one,
+    affine in θ, is curved where its group scale is uncertain.
     """
     analysis = control_variate.analysis
-    return analysis is None or analysis.is_affine()
+    if analysis is not None and not analysis.is_affine():
+        return "surrogate_nuts"
+    mismatch = post.laplace_mismatch()
+    if mismatch <= LAPLACE_MISMATCH:
+        return "crank_nicolson"
+    _log.info(
+        "proposal='auto' samples the surrogate posterior with NUTS: its log density spreads "
+        "by %.2f about its Laplace fit (more than %.2f), around which Crank–Nicolson "
+        "moves would mix slowly.", mismatch, LAPLACE_MISMATCH)
+    return "surrogate_nuts"

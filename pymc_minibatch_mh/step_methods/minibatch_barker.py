@@ -96,10 +96,11 @@ class MinibatchBarker(AutoChoices, MinibatchStep):
         the guide's "Control variates" page.
     proposal : str, Proposal or callable, default "auto"
         ``"auto"``: with control variates, Crank–Nicolson moves around their Laplace fit
-        when the per-row quantities are affine in θ (GLMs) and NUTS on the surrogate
-        posterior when they are not (hierarchical models); without them, the random
-        walk. Also ``"random_walk"``, ``"crank_nicolson"``, ``"mala"``, ``"hmc"``,
-        ``"surrogate_transition"``, ``"surrogate_nuts"``, a
+        when the per-row quantities are affine in θ (GLMs) and the surrogate posterior is
+        close to that fit, and NUTS on the surrogate posterior when not (hierarchical
+        models); without them, the random walk. Also ``"random_walk"``,
+        ``"crank_nicolson"``, ``"mala"``, ``"hmc"``, ``"surrogate_transition"``,
+        ``"surrogate_nuts"``, a
         :class:`~pymc_minibatch_mh.proposals.base.Proposal` or a callable
         ``step -> Proposal`` (:mod:`~pymc_minibatch_mh.proposals.registry`).
     tolerance : float, optional

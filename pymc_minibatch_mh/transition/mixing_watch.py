@@ -114,8 +114,10 @@ def mixing_message(step_name: str, watch: MixingWatch, coordinate: str, proposal
         advice = (
             "The proposal moves around the control variates' fit at the mode; where the "
             "posterior is far from it (group scales near zero, a funnel) the moves are "
-            "rejected. Try proposal='surrogate_nuts', a centred or non-centred "
-            "parameterisation of the groups, or NUTS (pm.sample() without step=)."
+            "rejected. Try "
+            + ("" if proposal == "surrogate_nuts" else "proposal='surrogate_nuts', ")
+            + "a centred or non-centred parameterisation of the groups, or NUTS "
+            "(pm.sample() without step=)."
         )
     return (
         f"{step_name}: the chain does not mix. Over its last {watch.kept()} tuning draws "

@@ -134,9 +134,10 @@ recenter : float, optional
     "proposal": """\
 proposal : str, Proposal or callable, optional
     ``"auto"`` (the default when None): with control variates, ``"crank_nicolson"`` around
-    their Laplace fit when the per-row quantities are affine in θ (GLMs) and
-    ``"surrogate_nuts"`` (one iteration of NUTS on the data-free surrogate posterior) when
-    they are not (hierarchical models); without them, ``"random_walk"``. Also ``"mala"``,
+    their Laplace fit when the per-row quantities are affine in θ (GLMs) and the
+    surrogate posterior is close to that fit, and ``"surrogate_nuts"`` (one iteration of
+    NUTS on the data-free surrogate posterior) when not (hierarchical models); without
+    them, ``"random_walk"``. Also ``"mala"``,
     ``"hmc"``, ``"surrogate_transition"``, a
     :class:`~pymc_minibatch_mh.proposals.base.Proposal` or a callable ``step -> Proposal``
     (:mod:`~pymc_minibatch_mh.proposals.registry`). With a surrogate proposal and tuning,

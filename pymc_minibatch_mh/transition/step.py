@@ -20,6 +20,7 @@ of its own stats.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -283,6 +284,7 @@ class MinibatchStep(MinibatchStepBase):
                 laplace, log_density, gradient, flat,
                 lik.graphs.prior + cv.proxy_graph(flat) * inv_t,
                 None if chosen is None else Centring(flat, *chosen),
+                functools.partial(cv.data_free, inv_temperature=self._inv_temperature),
             )
         return self._posterior
 
