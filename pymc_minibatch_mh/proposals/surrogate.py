@@ -27,7 +27,6 @@ References
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,13 +233,13 @@ class SurrogatePosterior:
         The flat-state input of ``graph``.
     graph : TensorVariable
         ``log π̃`` as a PyTensor graph of ``flat`` (for NUTS on π̃).
+    log_ratio : callable
+        ``(x, x′) -> log π̃(x′) − log π̃(x)`` from the control variates' per-step
+        function, which every step compiles: :meth:`laplace_mismatch` needs no other
+        (``log_density``'s prior part is a function of its own).
     centring : Centring or None
         Coordinates for kernels run on π̃ in which the group effects that the data fix
         are centred (None: the model's own coordinates).
-    log_ratio : callable or None
-        ``(x, x′) -> log π̃(x′) − log π̃(x)`` from the control variates' per-step
-        function, which every step compiles (:meth:`laplace_mismatch` needs no other);
-        None: from ``log_density``, whose prior part is a function of its own.
 
     Notes
     -----
@@ -253,8 +252,8 @@ class SurrogatePosterior:
     gradient: Callable[[NDArray[np.float64]], NDArray[np.float64]]
     flat: Any
     graph: Any
+    log_ratio: Callable[[NDArray[np.float64], NDArray[np.float64]], float]
     centring: Centring | None = None
-    log_ratio: Callable[[NDArray[np.float64], NDArray[np.float64]], float] | None = None
 
     def laplace_mismatch(self) -> float:
         r"""How far π̃ is from its Laplace fit: the spread of the log density ratio.
@@ -273,13 +272,13 @@ class SurrogatePosterior:
         (:data:`LAPLACE_CHECK_SEED`): the same value in every chain and run.
         """
         lap = self.laplace
-        rng = np.random.default_rng(LAPLACE_CHECK_SEED)
-        draws = lap.theta_hat + rng.standard_normal((LAPLACE_CHECK_DRAWS, lap.dim)) @ lap.chol.T
-        # log π̃ up to a constant, which the spread does not see
-        log_pi = (self.log_density if self.log_ratio is None
-                  else functools.partial(self.log_ratio, lap.theta_hat))
+        z = np.random.default_rng(LAPLACE_CHECK_SEED).standard_normal(
+            (LAPLACE_CHECK_DRAWS, lap.dim))
+        # Both log densities up to constants, which the spread does not see: log π̃ from
+        # θ̂, and the fit's −|z|²/2 of the standard normals the draws were made from.
         with np.errstate(all="ignore"):
-            log_ratio = np.array([log_pi(x) - lap.log_density(x) for x in draws])
+            log_ratio = np.array([self.log_ratio(lap.theta_hat, x) for x in
+                                  lap.theta_hat + z @ lap.chol.T]) + 0.5 * np.sum(z * z, axis=1)
         if not np.isfinite(log_ratio).all():
             return float("inf")
         return float(scipy.stats.iqr(log_ratio, scale="normal"))

@@ -283,8 +283,8 @@ class MinibatchStep(MinibatchStepBase):
             self._posterior = SurrogatePosterior(
                 laplace, log_density, gradient, flat,
                 lik.graphs.prior + cv.proxy_graph(flat) * inv_t,
-                None if chosen is None else Centring(flat, *chosen),
                 functools.partial(cv.data_free, inv_temperature=self._inv_temperature),
+                None if chosen is None else Centring(flat, *chosen),
             )
         return self._posterior
 
