@@ -18,6 +18,7 @@ import warnings
 import cloudpickle
 import numpy as np
 import pymc as pm
+import pytensor
 import pytensor.tensor as pt
 import pytest
 from conftest import sample_kwargs
@@ -129,6 +130,41 @@ def test_decomposition_of_common_predictors():
     assert [(q.position, q.link, kinds(q)) for q in preds.quantities] == [
         (0, None, ["constant", "matrix"]), (1, "Exp", ["constant"])
     ]
+
+
+def test_a_column_or_row_of_a_parameter_matrix_indexed_by_rows_is_an_index_term():
+    """Correlated intercepts and slopes (LKJ): ``M[g, 0] + M[g, 1] * x`` and ``M[0, g]``.
+
+    Each indexes one column (or row) of the matrix; the coefficients are that column's,
+    so the quantity at a point is the model's.
+    """
+    rng = np.random.default_rng(3)
+    n = 200
+    x = rng.normal(size=n)
+    g = rng.integers(0, 4, size=n)
+    y = rng.integers(0, 2, size=n)
+    with pm.Model() as model:
+        chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0,
+                                       sd_dist=pm.Exponential.dist(1.0, shape=2))
+        z = pm.Normal("z", 0, 1, shape=(4, 2))
+        effects = pt.dot(z, chol.T)
+        pm.Bernoulli("y", logit_p=effects[g, 0] + effects[g, 1] * x, observed=y)
+        pm.Bernoulli("y2", logit_p=effects.T[1, g], observed=y)
+    _, preds = quantities(model)
+    assert [kinds(q) for q in preds.quantities] == [["index", "index"], ["index"]]
+    point = {k: v + 0.1 * np.arange(1, np.size(v) + 1).reshape(np.shape(v))
+             for k, v in model.initial_point().items()}
+    graphs = [effects, *[t.coef for q in preds.quantities for t in q.terms]]
+    values = pytensor.function(model.value_vars, model.replace_rvs_by_values(graphs),
+                               on_unused_input="ignore")(**point)
+    m, columns = values[0], values[1:]
+    for got, want in zip(columns, [m[:, 0], m[:, 1], m[:, 1]], strict=True):
+        np.testing.assert_allclose(got, want)
+    with pm.Model() as moving:  # the column moves with the rows: refused with the reason
+        m = pm.Normal("m", 0, 1, shape=(4, 3))
+        pm.Bernoulli("y", logit_p=m[g, g % 3], observed=y)
+    with pytest.raises(DecompositionError, match=r"M\[idx, k\]"):
+        quantities(moving)
 
 
 def test_refusals_give_a_reason():

@@ -31,7 +31,9 @@ value per row):
   dispersion). Parameters of data only stay as they are.
 - **Decomposition.** The graph of η is walked from the top: ``+``, ``−``, unary ``−``;
   ``×`` of a sum of terms by factors of θ alone (scalars) and by per-row data; ``/`` by
-  either; ``v(θ)[idx]`` with ``idx`` per-row integer data (``AdvancedSubtensor``);
+  either; ``v(θ)[idx]`` with ``idx`` per-row integer data (``AdvancedSubtensor``), and
+  a column or row of a matrix, ``M(θ)[idx, k]`` or ``M(θ)[k, idx]`` with a fixed integer
+  ``k`` (LKJ-correlated intercepts and slopes, ``effects[g, 0] + effects[g, 1] * x``);
   ``dot(X, w(θ))`` and ``X @ w(θ)``; ``sum(X * w(θ), axis=1)``; ``log(exp(u))`` as ``u``
   (that negative binomial's ``log μ`` with ``μ = exp(η)``); casts
   and broadcasting wrappers. Parts of data alone go to the offset ``o`` (never needed numerically).

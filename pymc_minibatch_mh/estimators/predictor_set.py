@@ -19,7 +19,9 @@ coefficient), and counted in *average rows*, the term's total information over N
 :data:`SHIFTED_LEVEL_ROWS` average rows (of any per-row index ``v(θ)[idx]``), least
 information first, at most :data:`SHIFTED_ROWS_MAX_SHARE` of N, form the *set* E (a term
 without positive total information counts rows instead; the set is chosen at each set-up,
-after θ̂). Each of its rows is expanded around ``q̂_i`` moved by its own level's shift
+after θ̂; a row in small levels of two index terms, such as a level's intercept and its
+slope, stays out: it moves by two shifts and a table follows one). Each of its rows is
+expanded around ``q̂_i`` moved by its own level's shift
 ``c_g(θ) − ĉ_g`` instead of around ``q̂_i``
 (:mod:`~pymc_minibatch_mh.estimators.predictor_shift`: tables of each level's sums in
 its shift, interpolated the same way for the sums and for each row, so that the
@@ -265,7 +267,13 @@ class ShiftedSet:
         order = [np.argsort(c, kind="stable") for c in columns]
         starts = [np.concatenate(([0], np.cumsum(cnt))) for cnt in counts]
         small = [np.zeros(c.size, dtype=bool) for c in counts]
-        in_set = np.zeros(n, dtype=bool)
+        # A row in small levels of two index terms (a level's intercept and its slope,
+        # crossed factors that are both small there) would move by two shifts, and a
+        # table follows one: it stays expanded around θ̂. (Counted as in the set while
+        # the budget is spent, so that they take none of it.)
+        two_shifts = _in_small_levels(levels, columns, n) > 1
+        n_two_shifts = int(np.count_nonzero(two_shifts))
+        in_set = two_shifts.copy()
         budget, total = int(SHIFTED_ROWS_MAX_SHARE * n), 0
         for _, i, level in levels:
             rows = order[i][starts[i][level]:starts[i][level + 1]]
@@ -275,6 +283,7 @@ class ShiftedSet:
             total += added
             small[i][level] = True
             in_set[rows] = True
+        in_set[two_shifts] = False
         self.positions = np.flatnonzero(in_set)
         self.n_rows = int(self.positions.size)
         # A row belongs to the level of the first index term whose level is in the set
@@ -301,6 +310,10 @@ class ShiftedSet:
             _log.info("%s: the %d rows of %d levels with less information than %d average "
                       "rows are expanded around their level's shift", self.step_name,
                       self.n_rows, len(pairs), SHIFTED_LEVEL_ROWS)
+        if n_two_shifts:
+            _log.info("%s: %d rows in small levels of two index terms stay expanded around "
+                      "the reference point (a level's table follows one shift)",
+                      self.step_name, n_two_shifts)
 
     def build(self, reference: TaylorReference,
               chunk_sums: Any) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -432,6 +445,16 @@ class ShiftedSet:
         if positions.size:
             return store.rows(positions)
         return tuple(r[:0] for r in store.rows(np.zeros(1, dtype=np.int64)))
+
+
+def _in_small_levels(levels: list[tuple[float, int, int]], columns: list[NDArray[np.int64]],
+                     n: int) -> NDArray[np.int64]:
+    """Each row's number of index terms whose level for the row is among ``levels``."""
+    count = np.zeros(n, dtype=np.int64)
+    for i, column in enumerate(columns):
+        chosen = np.array([level for _, term, level in levels if term == i], dtype=np.int64)
+        count += np.isin(column, chosen)
+    return count
 
 
 def average_rows(information: NDArray[np.float64], counts: NDArray[np.int64],

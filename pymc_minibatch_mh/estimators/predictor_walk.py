@@ -447,15 +447,38 @@ class _Walker:
         return Linear([Term("dense", b, a)], None)
 
     def _index(self, var: Variable) -> Linear:
+        """``v(θ)[idx]``, and a column or row of a matrix: ``M(θ)[idx, k]`` or ``M(θ)[k, idx]``.
+
+        ``k`` is a scalar integer of neither θ nor the rows (an LKJ model's correlated
+        intercepts and slopes, ``effects[g, 0] + effects[g, 1] * x``): the term indexes
+        the vector ``M[:, k]`` (or ``M[k, :]``) by ``idx``.
+        """
         node = var.owner
+        if len(node.inputs) == 3 and var.ndim == 1:
+            return self._matrix_index(var)
         if len(node.inputs) != 2:
-            raise self._refuse(var, " (only v[idx] with one integer index is supported)")
+            raise self._refuse(var, " (only v[idx] and M[idx, k] with an integer index "
+                               "are supported)")
         v, idx = node.inputs
-        if self.depends_on_theta(idx) or not self.per_row(idx):
-            raise self._refuse(var, " (the index must be per-row data)")
+        self._check_index(var, idx)
         if self.per_row(v) or v.ndim != 1:
             raise self._refuse(var, " (the indexed vector must depend on the parameters "
                                "only and be 1-d)")
+        return Linear([Term("index", v, None, idx)], None)
+
+    def _check_index(self, var: Variable, idx: Variable) -> None:
+        if self.depends_on_theta(idx) or not self.per_row(idx):
+            raise self._refuse(var, " (the index must be per-row data)")
         if idx.ndim != 1 or idx.dtype[:3] not in ("int", "uin"):
             raise self._refuse(var, " (the index must be a 1-d integer array)")
-        return Linear([Term("index", v, None, idx)], None)
+
+    def _matrix_index(self, var: Variable) -> Linear:
+        m, first, second = var.owner.inputs
+        rows_first = self.per_row(first)
+        idx, k = (first, second) if rows_first else (second, first)
+        self._check_index(var, idx)
+        if (self.per_row(m) or m.ndim != 2 or k.ndim != 0 or self.depends_on_theta(k)
+                or self.per_row(k) or k.dtype[:3] not in ("int", "uin")):
+            raise self._refuse(var, " (M[idx, k] needs a matrix M of the parameters only, "
+                               "per-row integers idx and a fixed integer k)")
+        return Linear([Term("index", m[:, k] if rows_first else m[k, :], None, idx)], None)
