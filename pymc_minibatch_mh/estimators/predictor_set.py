@@ -19,8 +19,9 @@ coefficient), and counted in *average rows*, the term's total information over N
 :data:`SHIFTED_LEVEL_ROWS` average rows (of any per-row index ``v(θ)[idx]``), least
 information first, at most :data:`SHIFTED_ROWS_MAX_SHARE` of N, form the *set* E (a term
 without positive total information counts rows instead; the set is chosen at each set-up,
-after θ̂; a row in small levels of two index terms, such as a level's intercept and its
-slope, stays out: it moves by two shifts and a table follows one). Each of its rows is
+after θ̂; a level with a row in small levels of two index terms, such as a level's
+intercept and its slope, stays out: that row moves by two shifts and a table follows
+one). Each of its rows is
 expanded around ``q̂_i`` moved by its own level's shift
 ``c_g(θ) − ĉ_g`` instead of around ``q̂_i``
 (:mod:`~pymc_minibatch_mh.estimators.predictor_shift`: tables of each level's sums in
@@ -269,21 +270,23 @@ class ShiftedSet:
         small = [np.zeros(c.size, dtype=bool) for c in counts]
         # A row in small levels of two index terms (a level's intercept and its slope,
         # crossed factors that are both small there) would move by two shifts, and a
-        # table follows one: it stays expanded around θ̂. (Counted as in the set while
-        # the budget is spent, so that they take none of it.)
+        # table follows one: its levels stay out, expanded around θ̂. Whole levels, since
+        # the per-step function finds a row's table by its level (_row_slots).
         two_shifts = _in_small_levels(levels, columns, n) > 1
-        n_two_shifts = int(np.count_nonzero(two_shifts))
-        in_set = two_shifts.copy()
+        kept_out = np.zeros(n, dtype=bool)
+        in_set = np.zeros(n, dtype=bool)
         budget, total = int(SHIFTED_ROWS_MAX_SHARE * n), 0
         for _, i, level in levels:
             rows = order[i][starts[i][level]:starts[i][level + 1]]
+            if two_shifts[rows].any():
+                kept_out[rows] = True
+                continue
             added = int(np.count_nonzero(~in_set[rows]))
             if total + added > budget:
                 break
             total += added
             small[i][level] = True
             in_set[rows] = True
-        in_set[two_shifts] = False
         self.positions = np.flatnonzero(in_set)
         self.n_rows = int(self.positions.size)
         # A row belongs to the level of the first index term whose level is in the set
@@ -310,10 +313,10 @@ class ShiftedSet:
             _log.info("%s: the %d rows of %d levels with less information than %d average "
                       "rows are expanded around their level's shift", self.step_name,
                       self.n_rows, len(pairs), SHIFTED_LEVEL_ROWS)
-        if n_two_shifts:
-            _log.info("%s: %d rows in small levels of two index terms stay expanded around "
-                      "the reference point (a level's table follows one shift)",
-                      self.step_name, n_two_shifts)
+        if kept_out.any():
+            _log.info("%s: %d rows of levels with rows in small levels of two index terms "
+                      "stay expanded around the reference point (a level's table follows "
+                      "one shift)", self.step_name, int(np.count_nonzero(kept_out)))
 
     def build(self, reference: TaylorReference,
               chunk_sums: Any) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
