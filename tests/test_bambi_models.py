@@ -59,15 +59,13 @@ def _reference(formula: str) -> object:
 
 
 def _compare(idata: object, ref: object, names: list[str]) -> tuple[float, float, float]:
-    """Max |Δmean| in combined MCSE, max |sd ratio − 1| over its 4-σ Monte Carlo limit, R-hat."""
+    """Max |Δmean| and max |Δsd| in combined MCSE (ArviZ's ``mcse_mean``, ``mcse_sd``), R-hat."""
     summary = az.summary(idata, var_names=names, round_to="none")
     reference = az.summary(ref, var_names=names, round_to="none")
     z = (summary["mean"] - reference["mean"]) / np.hypot(summary["mcse_mean"],
                                                           reference["mcse_mean"])
-    # The sd estimate's relative Monte Carlo sd is about 1/√(2 ESS) for each run.
-    limit = 4.0 * np.sqrt(1.0 / (2.0 * summary["ess_bulk"]) + 1.0 / (2.0 * reference["ess_bulk"]))
-    sd_err = (summary["sd"] / reference["sd"] - 1.0).abs() / limit
-    return float(z.abs().max()), float(sd_err.max()), float(summary["r_hat"].max())
+    z_sd = (summary["sd"] - reference["sd"]) / np.hypot(summary["mcse_sd"], reference["mcse_sd"])
+    return float(z.abs().max()), float(z_sd.abs().max()), float(summary["r_hat"].max())
 
 
 FORMULAS = {
@@ -90,7 +88,7 @@ def test_bambi_group_models_match_nuts(key: str, references: dict[str, object]) 
     z, sd, rhat = _compare(idata, references[key], names)
     assert rhat < 1.01, rhat
     assert z < 4.0, z
-    assert sd < 1.0, sd
+    assert sd < 4.0, sd
 
 
 def test_a_recogniser_blind_to_deterministic_fails(references: dict[str, object],
@@ -105,7 +103,7 @@ def test_a_recogniser_blind_to_deterministic_fails(references: dict[str, object]
     formula, names = FORMULAS["intercepts"]
     idata, not_mixing = _fit(formula)
     z, sd, rhat = _compare(idata, references["intercepts"], names)
-    assert not_mixing or rhat >= 1.01 or z >= 4.0 or sd >= 1.0, (z, sd, rhat)
+    assert not_mixing or rhat >= 1.01 or z >= 4.0 or sd >= 4.0, (z, sd, rhat)
 
 
 def _bernoulli_model() -> object:

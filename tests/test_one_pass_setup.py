@@ -11,13 +11,15 @@ row named. The subsample size is patched so that these run at N = 2·10⁴.
 
 from __future__ import annotations
 
-import math
+import logging
 
 import numpy as np
 import pymc as pm
 import pytest
 from conftest import sample_kwargs
 from test_control_variates import logistic_data, logistic_model, logistic_quadrature, moments_ok
+from test_shifted_set import N as crossed_n
+from test_shifted_set import crossed_model
 
 from pymc_minibatch_mh import MinibatchBarker
 from pymc_minibatch_mh.errors import ModelNotSupportedError
@@ -198,38 +200,42 @@ def test_a_point_of_the_search_evaluates_the_prior_once():
     assert len(calls) == first + 1  # another point is evaluated
 
 
-def _map_search(monkeypatch, work, steps=None):
+def _map_search(monkeypatch, max_dim=None, steps=None):
+    """The MAP search on crossed non-centred random intercepts (N = 3,000, d = 50)."""
+    if max_dim is not None:
+        monkeypatch.setattr(predictor_passes_module, "EXPANSION_STEPS_MAX_DIM", max_dim)
     if steps is not None:
-        monkeypatch.setattr(reference_module, "NEWTON_FIRST_STEPS", steps)
-    monkeypatch.setattr(predictor_passes_module, "NEWTON_FIRST_WORK", work)
-    x, y = logistic_data(3_000, seed=5)
-    with logistic_model(x, y):
+        monkeypatch.setattr(predictor_passes_module, "EXPANSION_STEPS", steps)
+    model, _ = crossed_model()
+    with model:
         step = MinibatchBarker(control_variate="taylor", tune=False)
     cv = step.control_variate
     assert isinstance(cv.passes, PredictorPasses) and cv.map_converged
     return cv
 
 
-def test_cheap_hessian_passes_start_the_search_with_newton_steps(monkeypatch):
-    """Where a pass with the Hessian is cheap (N·K² at most NEWTON_FIRST_WORK) the MAP
-    search starts with Newton steps from the initial point: every pass has the Hessian,
-    the gradient function is never compiled, and θ̂ is the mode that L-BFGS-B finds."""
-    newton = _map_search(monkeypatch, work=math.inf)
-    assert newton.passes.newton_first()
-    assert newton.passes.hessian_passes == newton.map_evaluations // 3_000
-    assert "value_grad_fn" not in vars(newton.passes)
-    lbfgs = _map_search(monkeypatch, work=0.0)
-    assert not lbfgs.passes.newton_first() and "value_grad_fn" in vars(lbfgs.passes)
-    # Both within MAP_TOLERANCE posterior sds of the mode
+def test_expansion_steps_find_a_hierarchical_mode_in_a_few_passes(monkeypatch):
+    """The search maximises the expansion in the coefficients (exact in how θ reaches
+    them: the scales times the offsets) at each pass: at most five passes, each with the
+    Hessian, and the gradient function never compiled. L-BFGS-B needs many times more
+    passes to the same mode (within MAP_TOLERANCE posterior sds)."""
+    steps = _map_search(monkeypatch)
+    n_passes = steps.map_evaluations / crossed_n
+    assert n_passes <= 5 and steps.passes.hessian_passes == n_passes
+    assert "value_grad_fn" not in vars(steps.passes)
+    lbfgs = _map_search(monkeypatch, max_dim=0)
+    assert "value_grad_fn" in vars(lbfgs.passes)
+    assert lbfgs.map_evaluations / crossed_n > 3 * n_passes
     sd = np.sqrt(np.diag(np.linalg.inv(lbfgs.reference.precision())))
-    np.testing.assert_array_less(np.abs(newton.reference.theta - lbfgs.reference.theta) / sd,
+    np.testing.assert_array_less(np.abs(steps.reference.theta - lbfgs.reference.theta) / sd,
                                  2 * reference_module.MAP_TOLERANCE)
 
 
-def test_newton_steps_that_stop_short_are_continued_by_lbfgs(monkeypatch):
-    """Newton steps from the initial point that do not reach the tolerance within
-    NEWTON_FIRST_STEPS hand their last point to L-BFGS-B (and the polish), which finds
-    the mode."""
-    cv = _map_search(monkeypatch, work=math.inf, steps=1)
+def test_expansion_steps_that_stop_short_are_continued_by_lbfgs(monkeypatch, caplog):
+    """Expansion steps that do not reach the tolerance within EXPANSION_STEPS passes hand
+    their last point to L-BFGS-B (and the polish), which finds the mode; the log says so."""
+    with caplog.at_level(logging.INFO, logger="pymc_minibatch_mh"):
+        cv = _map_search(monkeypatch, steps=1)
     assert "value_grad_fn" in vars(cv.passes)
     assert cv.map_decrement <= reference_module.MAP_TOLERANCE
+    assert "the expansion steps of the MAP search stopped" in caplog.text

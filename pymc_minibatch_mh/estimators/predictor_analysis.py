@@ -122,6 +122,11 @@ class PredictorAnalysis:
         """``∂c/∂θ`` at ``x``, shape ``(K, d)`` (K vector-Jacobian products; no data)."""
         return self._jacobian_rows(x, np.eye(self.n_coef)).reshape(self.n_coef, x.size)
 
+    def coefficient_gradient(self, x: NDArray[np.float64],
+                             u: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``(∂c/∂θ)ᵀ u`` at ``x``: the θ-gradient of ``u·c(θ)`` (one product; no data)."""
+        return np.asarray(self._vjp_fn(x, u), dtype=np.float64)
+
     def own_coordinates(self, x: NDArray[np.float64]) -> list[tuple[int, int, float, slice]]:
         """Each group's own coordinate: ``(k, m, slope, term)`` per group effect.
 

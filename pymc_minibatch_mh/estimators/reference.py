@@ -32,8 +32,8 @@ from pymc_minibatch_mh.estimators.full_passes import FullDataPasses
 from pymc_minibatch_mh.model.likelihood import MinibatchLikelihood
 from pymc_minibatch_mh.progress import note
 
-__all__ = ["GRADIENT_STEPS", "MAP_TOLERANCE", "NEWTON_FIRST_STEPS", "REFERENCE_DECREMENT",
-           "SUBSAMPLE_ROWS", "TaylorPasses"]
+__all__ = ["GRADIENT_STEPS", "MAP_TOLERANCE", "REFERENCE_DECREMENT", "SUBSAMPLE_ROWS",
+           "TaylorPasses"]
 
 #: Largest Newton decrement (≈ distance to the mode in posterior standard deviations)
 #: accepted for the MAP found by the package.
@@ -51,11 +51,6 @@ REFERENCE_DECREMENT: float = 1.0
 #: Most gradient passes that bring a subsample's mode near the data's
 #: (the gradient steps of :meth:`TaylorPasses.find_map`).
 GRADIENT_STEPS: int = 6
-
-#: Most trust-region Newton steps of a search that starts with them at the initial point
-#: (passes whose Hessian is cheap, :meth:`TaylorPasses.newton_first`); the search goes on
-#: with L-BFGS-B from their last point if they do not reach :data:`MAP_TOLERANCE`.
-NEWTON_FIRST_STEPS: int = 10
 
 
 class TaylorPasses(FullDataPasses):
@@ -99,9 +94,9 @@ class TaylorPasses(FullDataPasses):
         the Newton steps stopped 2.6 posterior sds from the mode after 50 passes; L-BFGS-B
         from ``x0`` then took 941 passes, from their last point 3, and 22 more Newton
         steps reached the tolerance: the step was built in 48 s instead of 122 s.)
-        With fewer rows, where :meth:`newton_first` says so (passes whose Hessian is
-        cheap), at most :data:`NEWTON_FIRST_STEPS` Newton steps from ``x0`` come first,
-        and L-BFGS-B starts from their last point if they do not reach the tolerance.
+        With fewer rows, a subclass's first steps from ``x0`` (``_first_steps``; none
+        here) come first, and L-BFGS-B starts from their last point if they do not reach
+        the tolerance.
 
         With ``strict=False`` a search that does not reach :data:`MAP_TOLERANCE` (Newton
         polishing fails, e.g. where the log posterior is not concave) returns the
@@ -127,8 +122,8 @@ class TaylorPasses(FullDataPasses):
                     self.subsample_reference = True
                     return ref
             ref, decrement = self._newton(start, evaluate)
-        elif self.newton_first():
-            ref, decrement = self._newton(x0, evaluate, steps=NEWTON_FIRST_STEPS)
+        else:
+            ref, decrement = self._first_steps(x0, evaluate)
         if not decrement <= MAP_TOLERANCE:
             # From the best point so far: the Newton steps' last point, if they had one.
             x_start = x0 if ref is None else np.asarray(ref.theta, dtype=np.float64)
@@ -260,14 +255,16 @@ class TaylorPasses(FullDataPasses):
 
         return evaluate
 
-    def newton_first(self) -> bool:
-        """Whether a search without a subsample starts with Newton steps.
+    def _first_steps(self, x0: NDArray[np.float64],
+                     evaluate: Any) -> tuple[TaylorReference | None, float]:
+        """Steps from ``x0`` before L-BFGS-B, on data without a subsample (a hook).
 
-        No here: it starts with L-BFGS-B's gradient passes.
-        :class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorPasses` says yes
-        where its passes with the Hessian are cheap.
+        None here: the search starts with L-BFGS-B's gradient passes.
+        :class:`~pymc_minibatch_mh.estimators.predictor_passes.PredictorPasses` takes
+        steps that maximise the expansion in the per-row quantities. Returns the
+        reference at the last point reached (None: none) and its Newton decrement.
         """
-        return False
+        return None, math.inf
 
     def _newton(self, x: NDArray[np.float64], evaluate: Any,
                 steps: int = 50) -> tuple[TaylorReference | None, float]:
