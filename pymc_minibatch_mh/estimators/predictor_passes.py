@@ -240,7 +240,7 @@ class PredictorPasses(TaylorPasses):
         hierarchy's scale times its offsets, transforms, a Cholesky factor. So each step
         is a Newton step in the quantities, which converges in a few passes where
         Newton steps in θ crawl along the funnel of a non-centred hierarchy (measured
-        on the zoo's hierarchical models at N = 3·10⁴: 4–11 passes, against 27–209 of
+        on the zoo's hierarchical models at N = 3·10⁴: 4–9 passes, against 27–209 of
         L-BFGS-B). A point whose log posterior gains less than a tenth of the
         expansion's prediction is rejected and the next step damped
         (Levenberg–Marquardt, ``_FIRST_DAMPING``). At most :data:`EXPANSION_STEPS`
