@@ -327,7 +327,7 @@ class PredictorPasses(TaylorPasses):
                                   method="trust-exact", options={"maxiter": 200, "gtol": 1e-8})
             except (ValueError, np.linalg.LinAlgError):
                 pass  # a Hessian not finite at a point: the best point evaluated
-        return best[1], -best[0] - self.prior(start)[0]
+        return best[1], -best[0] - ref.log_prior
 
     def _compile_sums(self) -> None:
         an = self.analysis

@@ -266,8 +266,8 @@ class TaylorPasses(FullDataPasses):
         """
         return None, math.inf
 
-    def _newton(self, x: NDArray[np.float64], evaluate: Any,
-                steps: int = 50) -> tuple[TaylorReference | None, float]:
+    def _newton(self, x: NDArray[np.float64],
+                evaluate: Any) -> tuple[TaylorReference | None, float]:
         """Trust-region Newton steps from ``x`` until the decrement is below the tolerance.
 
         SciPy's ``trust-exact`` with the exact Hessian of the log posterior; every point
@@ -276,7 +276,7 @@ class TaylorPasses(FullDataPasses):
         :data:`MAP_TOLERANCE`. The trust region makes the steps safe where the Hessian is
         not negative definite or the posterior is a curved ridge (a non-centred
         hierarchical model at N = 10⁶, where plain Newton steps stopped at an indefinite
-        Hessian). At most ``steps`` iterations. Returns the reference at the last accepted
+        Hessian). At most 50 iterations. Returns the reference at the last accepted
         point (None if even ``x`` failed) and its decrement (inf where the Hessian is not
         negative definite).
         """
@@ -291,7 +291,7 @@ class TaylorPasses(FullDataPasses):
             result = optimize.minimize(
                 lambda x: -evaluate(x)[1], x, jac=lambda x: -evaluate(x)[2],
                 hess=lambda x: evaluate(x)[0].precision(), method="trust-exact",
-                callback=callback, options={"maxiter": steps, "gtol": 0.0},
+                callback=callback, options={"maxiter": 50, "gtol": 0.0},
             )
         ref, _, _, decrement = evaluate(result.x)  # the last accepted point (cached)
         return ref, decrement
