@@ -184,33 +184,28 @@ def test_zero_config_keeps_its_error_within_the_default_budget():
     step, stats = _run(_logistic_model(), tune=1000, draws=500)
     # One transition per draw: above the 100 rows of three (the next test).
     assert step.sigma < 0.5 and step.steps_per_draw == 1
-    assert AUTO_START_ROWS < step.rows_choice.rows <= 3 * AUTO_START_ROWS
+    assert step.rows_choice.rows > AUTO_START_ROWS and step.rows_choice.within_budget
     assert np.all(np.asarray(stats["rows_per_round"]) == step.rows_choice.rows)
     assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
 
 
-def test_the_default_cap_holds_at_the_most_transitions_per_draw():
-    """The default budget's cap is 100 rows per round at the most transitions per draw
-    the step may run (Crank–Nicolson: 3); at one transition per draw a tenth of N, and at
-    least 300; one transition per draw is an option only for a test that accepts at least
-    0.9 of perfect proposals; an explicit budget has no cap below N."""
+def test_one_transition_per_draw_is_an_option_only_for_a_test_that_accepts_often():
+    """One transition per draw is an option only for a test that accepts at least 0.9 of
+    perfect proposals (and only when the step chooses its transitions per draw); the
+    default budget has no cap below N, like an explicit one."""
     from pymc_minibatch_mh.core.penalty import PenaltyCorrection
 
     model = _logistic_model(n=2_000)
     with model:
         step = MinibatchBarker(control_variate="taylor")
-        tight = MinibatchBarker(control_variate="taylor", error_tolerance=1e-4)
         fixed = MinibatchBarker(control_variate="taylor", steps_per_draw=3)
     assert step.proposal.name == "crank_nicolson" and step._most_steps() == 3
-    assert (step._cap_for(1), step._cap_for(3)) == (300, 100)      # N = 2,000
-    step._n_rows = 40_000
-    assert (step._cap_for(1), step._cap_for(3)) == (4_000, 100)
     assert step._steps_options(PenaltyCorrection(0.1)) == (1, 3)
     assert step._steps_options(PenaltyCorrection(0.25)) == (1, 3)
     assert step._steps_options(PenaltyCorrection(0.5)) == (3,)
     assert step._steps_options(step._barker_correction) == (3,)
-    assert tight._cap_for(1) == tight._cap_for(3) > 2_000
-    assert fixed._steps_options(PenaltyCorrection(0.1)) == (3,) and fixed._cap_for(3) == 100
+    assert fixed._steps_options(PenaltyCorrection(0.1)) == (3,)
+    assert step._budget.cap is None
 
 
 def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
@@ -225,7 +220,7 @@ def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
 
 
 @pytest.mark.parametrize("acceptance", ["barker", "penalty"])
-def test_an_explicit_tight_budget_takes_more_than_the_default_cap(acceptance):
+def test_an_explicit_tight_budget_takes_more_than_100_rows(acceptance):
     """At a budget this tight the prediction is least sure (it measures skewness and
     kurtosis on 100-row minibatches, which understate them for heavy-tailed residuals).
     With the error budget's pilot: Barker's test 0.48 times the budget at 224 rows per
@@ -356,26 +351,44 @@ def test_the_pilots_moves_start_from_draws_of_the_laplace_fit(monkeypatch):
     assert not _mean_estimate_within(broken_stats, 2e-6)
 
 
-def test_a_default_budget_that_100_rows_miss_warns_with_the_rows_it_would_take(monkeypatch):
-    # The default budget at 2e-6: the tight budget above, where m must exceed 100.
+def test_a_default_budget_that_100_rows_miss_takes_more_rows(monkeypatch):
+    """The default budget at 2e-6 (the tight budget above, where m must exceed 100): m
+    grows past 100 until the predicted error is within it, as an explicit budget's does,
+    and the draws' mean error estimate is within it. A cap at 100 rows per round (the
+    broken variant below) leaves the predicted error above the budget."""
     monkeypatch.setattr(barker_module, "DEFAULT_ERROR_TOLERANCE", 2e-6)
-    with pytest.warns(RuntimeWarning, match="keeps 100 rows per round, the most") as caught:
-        step, stats = _run(_logistic_model(), chains=2)
-    assert np.all(np.asarray(stats["rows_per_round"]) == AUTO_START_ROWS)
-    assert not step.rows_choice.within_budget
-    assert step.rows_choice.predicted_error > 2e-6
-    messages = [str(w.message) for w in caught if "the most" in str(w.message)]
-    assert len(messages) == 1  # once per step, not per chain
-    needed = int(messages[0].split("about ")[1].split(" rows")[0])
-    assert needed > AUTO_START_ROWS
+    step, stats = _run(_logistic_model(), acceptance="barker")
+    assert step.error_tolerance == 2e-6
+    assert step.rows_choice.rows > AUTO_START_ROWS and step.rows_choice.within_budget
+    assert np.all(np.asarray(stats["rows_per_round"]) == step.rows_choice.rows)
+    assert _mean_estimate_within(stats, 2e-6)
 
 
-def test_a_default_budget_that_is_met_does_not_warn():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        step, _ = _run(_logistic_model())
-    assert step.rows_choice.within_budget
-    assert not [w for w in caught if "the most the default" in str(w.message)]
+def test_a_default_budget_capped_at_100_rows_fails_the_same_check(monkeypatch):
+    monkeypatch.setattr(barker_module, "DEFAULT_ERROR_TOLERANCE", 2e-6)
+    monkeypatch.setattr(batch_budget.ErrorBudget, "_cap", lambda self, n_total: AUTO_START_ROWS)
+    step, stats = _run(_logistic_model(), acceptance="barker")
+    assert step.rows_choice.rows == AUTO_START_ROWS and not step.rows_choice.within_budget
+    assert step.rows_choice.error_bound > 2e-6
+
+
+def test_the_plain_test_at_temperature_1_takes_the_rows_the_budget_needs():
+    """Without control variates at temperature 1 the test grows to most of the N rows
+    here; the default budget's choice of m is within the budget (no cap below N), the
+    draws use that m and their mean error estimate is within the budget."""
+    n = 5_000
+    y = np.random.default_rng(3).normal(1.0, 1.0, size=n)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("y", mu, 1.0, observed=y)
+        step = MinibatchBarker(control_variate=None)
+        idata = pm.sample(draws=100, tune=700, step=step, chains=1, cores=1,
+                          **sample_kwargs(random_seed=1))
+    choice = step.rows_choice
+    assert choice.within_budget and choice.error_bound <= DEFAULT_ERROR_TOLERANCE
+    stats = sample_stats(idata)
+    assert np.all(np.asarray(stats["rows_per_round"]) == choice.rows)
+    assert _mean_estimate_within(stats, DEFAULT_ERROR_TOLERANCE)
 
 
 # ------------------------------------------------------------------ the law, audited

@@ -65,7 +65,6 @@ __all__ = [
     "MEASURE_FIRST",
     "MIN_RECORDS",
     "MIN_ROWS",
-    "ONE_TRANSITION_SHARE",
     "RECHOOSE_EVERY",
     "ErrorBudget",
     "RowsChoice",
@@ -74,16 +73,9 @@ __all__ = [
     "predicted_error",
 ]
 
-#: Rows per round while ``batch_size="auto"`` measures (tuning), and the most that the
-#: default budget chooses at the most transitions per draw the step may run: there a
-#: draw's first rounds never read more rows than the fixed default of 100 did (the step's
-#: ``_cap_for``; one transition per draw of several takes :data:`ONE_TRANSITION_SHARE`).
+#: Rows per round while ``batch_size="auto"`` measures (tuning): the first rounds of the
+#: measuring transitions, whose records the choice of m is made from.
 AUTO_START_ROWS: int = 100
-#: The default budget's cap at one transition per draw of several, as a share of the N
-#: rows (at least the rows of the most transitions per draw at :data:`AUTO_START_ROWS`):
-#: a first round past a tenth of N, grown once, would near the quarter of N at which
-#: the step warns that its minibatches save little.
-ONE_TRANSITION_SHARE: float = 0.1
 #: The fewest rows per round: two rows are the fewest with a variance.
 MIN_ROWS: int = 2
 #: The default per-step budget on the acceptance-probability error.
@@ -350,8 +342,8 @@ class ErrorBudget:
         σ of the test.
     table_error : float
         The correction table's L∞ error.
-    cap : int
-        The most rows per round the choice may take.
+    cap : int, optional
+        The most rows per round the choice may take (default: N, no cap below it).
     kind : int, optional
         The test's acceptance function (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`).
 
@@ -360,13 +352,13 @@ class ErrorBudget:
     __slots__ = ("tolerance", "sigma", "table_error", "cap", "kind", "_records", "_array",
                  "_pilot")
 
-    def __init__(self, tolerance: float, sigma: float, table_error: float, cap: int,
-                 kind: int = BARKER) -> None:
+    def __init__(self, tolerance: float, sigma: float, table_error: float,
+                 cap: int | None = None, kind: int = BARKER) -> None:
         self.kind = int(kind)
         self.tolerance = float(tolerance)
         self.sigma = float(sigma)
         self.table_error = float(table_error)
-        self.cap = int(cap)
+        self.cap = None if cap is None else int(cap)
         self._records: list[tuple[float, float, float, float, float]] = []
         self._array: np.ndarray | None = None  # the records as an array, once asked for
         # The records every chain starts with (:meth:`keep_as_pilot`).
@@ -413,13 +405,13 @@ class ErrorBudget:
 
     def choose(self, n_total: int, *, sigma: float | None = None,
                table_error: float | None = None, kind: int | None = None,
-               cap: int | None = None, rho: float | None = None) -> RowsChoice:
+               rho: float | None = None) -> RowsChoice:
         """The rows per round for the budget, from the second half of the records.
 
         The first half is left out (the proposal's scale is still being tuned there), but
         at least the last :data:`MIN_RECORDS` records are used. The records describe the
         rows, not the test: ``sigma``, ``table_error`` and ``kind`` choose for another
-        test than the budget's own; ``cap`` for another largest m; ``rho`` for moves with
+        test than the budget's own; ``rho`` for moves with
         another autoregression coefficient than the records': a record of a move with a
         larger ρ has its spread scaled up by ``(1 − rho)/(1 − ρ)``, the ratio of the
         moves' mean squared lengths in the surrogate's whitened coordinates (``2 − 2ρ``
@@ -431,7 +423,7 @@ class ErrorBudget:
         return choose_rows(
             n_total, kept[:, 0], spread, kept[:, 2], self.tolerance,
             self.table_error if table_error is None else table_error,
-            self.sigma if sigma is None else sigma, self.cap if cap is None else cap,
+            self.sigma if sigma is None else sigma, self._cap(n_total),
             self.kind if kind is None else kind, float(np.mean(kept[:, 3])))
 
     def cheapest(self, n_total: int, cost: Callable[[float, float], float], *,
@@ -441,7 +433,11 @@ class ErrorBudget:
         :func:`cheapest_rows` for the budget's test, from the records :meth:`choose` uses
         (``rho`` as there).
         """
-        return cheapest_rows(n_total, self._kept(rho)[1], self.sigma, self.cap, cost)
+        return cheapest_rows(n_total, self._kept(rho)[1], self.sigma, self._cap(n_total), cost)
+
+    def _cap(self, n_total: int) -> int:
+        """The most rows per round a choice may take: the cap, or N without one."""
+        return n_total if self.cap is None else self.cap
 
     def _kept(self, rho: float | None) -> tuple[np.ndarray, np.ndarray]:
         """The records a choice is made from, and their spreads for moves of ``rho``."""

@@ -25,7 +25,6 @@ from pymc_minibatch_mh.core.batch_budget import (
     MEASURE_EVERY,
     MEASURE_FIRST,
     MIN_RECORDS,
-    ONE_TRANSITION_SHARE,
     RECHOOSE_EVERY,
     ErrorBudget,
     RowsChoice,
@@ -152,8 +151,9 @@ def choose_test(options: Sequence[AcceptanceOption]) -> AcceptanceOption:
     smoother, the penalty test stops growing at a smaller ``s²``); the smaller σ are left
     out there, since they grow the minibatch past m (at N = 10⁵, d = 100, σ = 0.1 read 750
     rows per transition against Barker's 100, for a predicted error still over the
-    budget), and so are fewer transitions per draw, whose larger cap would buy a smaller
-    error with draws of fewer effective samples.
+    budget), and so are fewer transitions per draw, whose draws have fewer effective
+    samples. (Without a cap below N the step's choices always have an option within the
+    budget: all N rows leave only the correction table's error.)
     """
     within = [option for option in options if option.choice.within_budget]
     if within:
@@ -218,7 +218,7 @@ class AutoChoices:
             return
         if self._budget is None:
             self._budget = ErrorBudget(self.error_tolerance, self.sigma, self.correction.error,
-                                       self._rows_cap, acceptance_kind(self.correction))
+                                       kind=acceptance_kind(self.correction))
         else:  # the records describe the rows, not the test: they are kept
             self._budget.sigma, self._budget.table_error = self.sigma, self.correction.error
             self._budget.kind = acceptance_kind(self.correction)
@@ -398,11 +398,11 @@ class AutoChoices:
             # of tuning runs the test chosen): every test's choice from the same records,
             # which describe the rows, not the test.
             # A test that may over-relax Crank–Nicolson is an option with and without it,
-            # and each is an option per number of transitions per draw, with its own cap.
+            # and each is an option per number of transitions per draw.
             best = choose_test([
                 AcceptanceOption(c, budget.choose(
                     self._n_rows, sigma=c.sigma, table_error=c.error, kind=acceptance_kind(c),
-                    rho=rho, cap=self._cap_for(steps)), steps, rho)
+                    rho=rho), steps, rho)
                 for c in (*self._penalty_corrections, self._barker_correction)
                 for rho in self._rhos_for(c) for steps in self._steps_options(c)])
             if best.correction is not self.correction or best.rho != self.overrelaxation:
@@ -412,8 +412,6 @@ class AutoChoices:
         else:
             choice = budget.choose(self._n_rows, rho=self.overrelaxation)
         self.rows_choice = choice
-        if final and not choice.within_budget:
-            self._warn_over_budget(choice)
         self.batch_size = choice.rows
         self._skew_floor = choice.skew
         if not final:
@@ -463,34 +461,14 @@ class AutoChoices:
         :data:`OVERRELAX_ACCEPT` of perfect proposals, ``steps_per_draw="auto"`` and the
         proposal is of :data:`STEP_CHOOSING_PROPOSALS`; else
         :meth:`_most_steps` alone. A test that accepts less leaves one transition's draws
-        strongly autocorrelated, and one per draw would buy only the rows above the cap
-        of :meth:`_cap_for`: a smaller error for fewer effective samples (Barker's test
-        at N = 10⁵, d = 100 within the budget at 156 rows per round: a third of the
+        strongly autocorrelated: fewer effective samples for about the same rows (Barker's
+        test at N = 10⁵, d = 100 within the budget at 156 rows per round: a third of the
         effective samples of 3 transitions per draw at 100 rows).
         """
         most = self._most_steps()
         if not self._chooses_steps() or perfect_accept(correction) < OVERRELAX_ACCEPT:
             return (most,)
         return tuple(sorted({1, most}))
-
-    def _cap_for(self, steps: int) -> int:
-        """The most rows per round a choice of m may take with ``steps`` transitions per draw.
-
-        With the default budget, :data:`~pymc_minibatch_mh.core.batch_budget.AUTO_START_ROWS` at
-        the most transitions per draw the step may run (:meth:`_most_steps`): there the first
-        rounds never read more rows than the fixed 100-row rounds of earlier versions. At one
-        transition per draw of several (an option only for a test that accepts at least
-        :data:`OVERRELAX_ACCEPT` of perfect proposals, chosen against the others by predicted work
-        per effective sample), :data:`~pymc_minibatch_mh.core.batch_budget.ONE_TRANSITION_SHARE` of
-        N, and at least as many rows as the most transitions per draw read at 100 each. With an
-        explicit ``error_tolerance``, no cap below N.
-        """
-        if self._rows_cap > AUTO_START_ROWS:
-            return self._rows_cap
-        most = self._most_steps()
-        if steps < most:
-            return max(AUTO_START_ROWS * most, int(ONE_TRANSITION_SHARE * self._n_rows))
-        return AUTO_START_ROWS
 
     def _rhos_for(self, correction: Any) -> tuple[float, ...]:
         """Crank–Nicolson's ``min_rho`` values the test of ``correction`` may run with.
@@ -519,36 +497,4 @@ class AutoChoices:
         # there is nothing to match.
         if hasattr(self, "steps_per_draw"):
             self.steps_per_draw = self._steps_for(self.correction, self.overrelaxation)
-
-    def _warn_over_budget(self, choice: RowsChoice) -> None:
-        """Say once that at the default budget's cap the predicted error exceeds the budget.
-
-        Only the default budget has a cap below N
-        (:data:`~pymc_minibatch_mh.core.batch_budget.AUTO_START_ROWS`); the warning names the rows
-        per round that an explicit ``error_tolerance`` would take, predicted from the same records.
-        """
-        if self._over_budget_warned or self._rows_cap >= self._n_rows:
-            return
-        from pymc_minibatch_mh.core.batch_budget import BUDGET_CONFIDENCE
-        from pymc_minibatch_mh.errors import compared
-
-        self._over_budget_warned = True
-        needed = self._budget.choose(self._n_rows, cap=self._n_rows, rho=self.overrelaxation)
-        bound, tolerance = compared(choice.error_bound, self.error_tolerance)
-        mean, _ = compared(choice.predicted_error, self.error_tolerance)
-        warnings.warn(
-            f"{type(self).__name__}: batch_size='auto' keeps {choice.rows} rows per round, "
-            "the most the default error budget takes: when error_tolerance is not given, "
-            f"m is capped at {choice.rows} rows per round. There the predicted per-step "
-            f"error of the acceptance probability is {mean} on average over the "
-            f"{choice.records} measured transitions, and {bound} with "
-            f"{BUDGET_CONFIDENCE:g} standard errors of that mean added (what the budget "
-            f"holds), above the default error_tolerance={tolerance} (the error_estimate "
-            "stat has each draw's). An explicit error_tolerance has no such cap, even at "
-            "the default value: "
-            f"error_tolerance={self.error_tolerance:g} given explicitly lets m grow to "
-            f"about {needed.rows} rows per round, predicted from the same measurements. "
-            "Or compare the posterior with a run at a larger batch_size.",
-            RuntimeWarning, stacklevel=3,
-        )
 

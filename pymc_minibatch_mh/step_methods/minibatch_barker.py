@@ -58,14 +58,13 @@ class MinibatchBarker(AutoChoices, MinibatchStep):
         ``step.pilot_rows``) measure the test's error at m = 100; at the end of tuning
         the sampled draws get the smallest m whose predicted per-step error of the
         acceptance probability is within ``error_tolerance``
-        (:mod:`~pymc_minibatch_mh.core.batch_budget`). With the default budget m is
-        capped at 100 rows (a warning says when the cap does not meet the budget); with
-        control variates at large N it falls to a few rows. The ``rows_per_round`` stat
+        (:mod:`~pymc_minibatch_mh.core.batch_budget`), up to N. With control variates
+        at large N it falls to a few rows; where they fit the rows poorly it grows past
+        100 (the zoo's LKJ model at N = 3·10⁴: about 3,000). The ``rows_per_round`` stat
         has each draw's m.
-    error_tolerance : float, optional
+    error_tolerance : float, default 1e-3
         The per-step budget on the acceptance-probability error that ``batch_size="auto"``
-        sizes m for (default 1e-3, with m capped as above). Given explicitly, m may exceed
-        the cap (up to N) to meet it. Only with ``batch_size="auto"``.
+        sizes m for. Only with ``batch_size="auto"``.
     sigma : float, optional
         σ of the normal part: 1 for Barker's test (``0 < σ < π/√3``), 0.5 for the penalty
         test (any ``σ > 0``; with ``acceptance="auto"`` chosen from
@@ -242,8 +241,6 @@ class MinibatchBarker(AutoChoices, MinibatchStep):
             None if not self.auto_rows else
             DEFAULT_ERROR_TOLERANCE if error_tolerance is None else float(error_tolerance)
         )
-        # With the default budget m is at most AUTO_START_ROWS.
-        self._rows_cap = AUTO_START_ROWS if error_tolerance is None else 2**62
         # The records and the choice of m (None with a fixed m).
         self._budget: ErrorBudget | None = None
         # Crank–Nicolson's over-relaxed min_rho (set with the proposal: _proposal_chosen).
@@ -254,7 +251,6 @@ class MinibatchBarker(AutoChoices, MinibatchStep):
             self._set_acceptance(acceptance)
         #: Each chain's choice of m at the end of its tuning (the last chain's; None before).
         self.rows_choice: RowsChoice | None = None
-        self._over_budget_warned = False
         self._start_measuring(AUTO_START_ROWS, MEASURE_FIRST)
         #: Rows the error budget's pilots evaluated, all set-ups of this step together
         #: (the set-up's pilot, see the guide's settings page; 0 without one). Not in any
