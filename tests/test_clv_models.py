@@ -26,8 +26,10 @@ distributions, at the parameters of its CDNOW examples. (The BG/NBD model on CDN
 
 BG/NBD, ParetoNBD (whose likelihood has ``hyp2f1``: its curvature is differenced), the
 modified BG/NBD and the shifted beta-geometric (sBG) converge and match NUTS (means within
-4 combined MCSE, sds within 10 %). GammaGamma's likelihood, a Potential, is refused with
-the message that says how to write it.
+4 combined MCSE, sds within 10 %): the modified BG/NBD at 10,000 customers, the others at
+2,357; at 2,357 the modified BG/NBD's chain does not mix, and the step says so.
+GammaGamma's likelihood, a Potential, is refused with the message that says how to write
+it.
 """
 
 from __future__ import annotations
@@ -166,13 +168,13 @@ def test_bg_nbd_matches_nuts_small():
     run_and_compare("beta_geo", n=1000, draws=1000, tune=1000, seed=12)
 
 
-# ModifiedBG at 2,357 customers: the posterior of the dropout parameters is far from the
-# Laplace fit, and Crank–Nicolson's moves around it mix slowly (bulk ESS 18–54 of 2,000
-# draws, R-hat up to 1.10 with the penalty test; 3.6–6.8 and 1.57 with Barker's); the step
-# says so at the end of tuning ("the chain does not mix"). Not yet right: an expected failure.
-_MIXES_SLOWLY = pytest.mark.xfail(
-    strict=False, reason="ModifiedBG at 2,357 customers: Crank–Nicolson does not mix; the "
-    "step warns that the chain does not mix")
+#: Customers of the slow comparison where they are not 2,357: ModifiedBG. At 2,357 its
+#: posterior is far from its Laplace fit (``kappa_dropout``'s sd 2.6 around a mean of 2.5
+#: in NUTS's draws), the control variates do not fit where the chain moves and
+#: Crank–Nicolson's moves do not mix (bulk ESS 4–6 of 2,000 draws, R-hat up to 1.5; NUTS
+#: on the surrogate: R-hat 1.01 but sds 28–30 % below NUTS's): the step warns that the
+#: chain does not mix (the next test). At 10,000 the default's draws match NUTS's.
+CUSTOMERS = {"modified_beta_geo": 10_000}
 
 
 #: NUTS's draws (and tuning draws) per chain in the slow comparison's reference where they
@@ -183,19 +185,23 @@ REFERENCE_DRAWS = {"pareto_nbd": 500}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [pytest.param(k, marks=_MIXES_SLOWLY)
-                                 if k == "modified_beta_geo" else k for k in MODELS])
+@pytest.mark.parametrize("key", list(MODELS))
 def test_clv_model_matches_nuts(key):
-    run_and_compare(key, n=2357, draws=1000, tune=1000,
+    run_and_compare(key, n=CUSTOMERS.get(key, 2357), draws=1000, tune=1000,
                     reference_draws=REFERENCE_DRAWS.get(key))
 
 
 @pytest.mark.slow
 def test_a_chain_that_does_not_mix_says_so():
-    """ModifiedBG at 2,357 customers, where Crank–Nicolson mixes slowly: the step warns."""
+    """ModifiedBG at 2,357 customers, where Crank–Nicolson mixes slowly: the step warns.
+
+    Two chains, as ``pm.sample`` runs by default: each chain's watch measures its own last
+    400 tuning draws. (Of seeds 11–13 with one chain, two chains' smallest bulk ESS there
+    was 1.6–2.5 and one chain's 20.6, above the watch's limit of 10, with 28.7 in its 200
+    draws.)"""
     model_cls, data = MODELS["modified_beta_geo"](2357)
     with pytest.warns(RuntimeWarning, match="the chain does not mix"):
-        fit_with_step(model_cls, data, draws=200, tune=1000, chains=1, cores=1,
+        fit_with_step(model_cls, data, draws=200, tune=1000, chains=2, cores=1,
                       progressbar=False, random_seed=11, compute_convergence_checks=False)
 
 
