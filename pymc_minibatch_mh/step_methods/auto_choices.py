@@ -497,4 +497,3 @@ class AutoChoices:
         # there is nothing to match.
         if hasattr(self, "steps_per_draw"):
             self.steps_per_draw = self._steps_for(self.correction, self.overrelaxation)
-
