@@ -67,7 +67,7 @@ def test_records_of_smaller_moves_are_scaled_up_for_over_relaxed_ones():
     n_total, kurtosis = 100_000, 0.0
 
     def budget_of(rho):
-        budget = batch_budget.ErrorBudget(1e-5, 1.0, 1e-8, n_total)
+        budget = batch_budget.ErrorBudget(1e-5, 1.0, 1e-8)
         for d, v, k in zip(delta, spread, skew, strict=True):
             budget._records.append((d, v, k, kurtosis, rho))
         return budget
@@ -191,8 +191,7 @@ def test_zero_config_keeps_its_error_within_the_default_budget():
 
 def test_one_transition_per_draw_is_an_option_only_for_a_test_that_accepts_often():
     """One transition per draw is an option only for a test that accepts at least 0.9 of
-    perfect proposals (and only when the step chooses its transitions per draw); the
-    default budget has no cap below N, like an explicit one."""
+    perfect proposals (and only when the step chooses its transitions per draw)."""
     from pymc_minibatch_mh.core.penalty import PenaltyCorrection
 
     model = _logistic_model(n=2_000)
@@ -205,7 +204,6 @@ def test_one_transition_per_draw_is_an_option_only_for_a_test_that_accepts_often
     assert step._steps_options(PenaltyCorrection(0.5)) == (3,)
     assert step._steps_options(step._barker_correction) == (3,)
     assert fixed._steps_options(PenaltyCorrection(0.1)) == (3,)
-    assert step._budget.cap is None
 
 
 def test_a_chooser_that_ignores_the_error_fails_the_same_check(monkeypatch):
@@ -366,7 +364,13 @@ def test_a_default_budget_that_100_rows_miss_takes_more_rows(monkeypatch):
 
 def test_a_default_budget_capped_at_100_rows_fails_the_same_check(monkeypatch):
     monkeypatch.setattr(barker_module, "DEFAULT_ERROR_TOLERANCE", 2e-6)
-    monkeypatch.setattr(batch_budget.ErrorBudget, "_cap", lambda self, n_total: AUTO_START_ROWS)
+    choose = batch_budget.choose_rows
+
+    def capped(n_total, delta, spread, skew, budget, table_error, sigma, cap, *args):
+        return choose(n_total, delta, spread, skew, budget, table_error, sigma,
+                      AUTO_START_ROWS, *args)
+
+    monkeypatch.setattr(batch_budget, "choose_rows", capped)
     step, stats = _run(_logistic_model(), acceptance="barker")
     assert step.rows_choice.rows == AUTO_START_ROWS and not step.rows_choice.within_budget
     assert step.rows_choice.error_bound > 2e-6

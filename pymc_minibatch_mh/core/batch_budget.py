@@ -342,23 +342,19 @@ class ErrorBudget:
         σ of the test.
     table_error : float
         The correction table's L∞ error.
-    cap : int, optional
-        The most rows per round the choice may take (default: N, no cap below it).
     kind : int, optional
         The test's acceptance function (:func:`~pymc_minibatch_mh.core.penalty.acceptance_kind`).
 
     """
 
-    __slots__ = ("tolerance", "sigma", "table_error", "cap", "kind", "_records", "_array",
-                 "_pilot")
+    __slots__ = ("tolerance", "sigma", "table_error", "kind", "_records", "_array", "_pilot")
 
     def __init__(self, tolerance: float, sigma: float, table_error: float,
-                 cap: int | None = None, kind: int = BARKER) -> None:
+                 kind: int = BARKER) -> None:
         self.kind = int(kind)
         self.tolerance = float(tolerance)
         self.sigma = float(sigma)
         self.table_error = float(table_error)
-        self.cap = None if cap is None else int(cap)
         self._records: list[tuple[float, float, float, float, float]] = []
         self._array: np.ndarray | None = None  # the records as an array, once asked for
         # The records every chain starts with (:meth:`keep_as_pilot`).
@@ -423,7 +419,7 @@ class ErrorBudget:
         return choose_rows(
             n_total, kept[:, 0], spread, kept[:, 2], self.tolerance,
             self.table_error if table_error is None else table_error,
-            self.sigma if sigma is None else sigma, self._cap(n_total),
+            self.sigma if sigma is None else sigma, n_total,
             self.kind if kind is None else kind, float(np.mean(kept[:, 3])))
 
     def cheapest(self, n_total: int, cost: Callable[[float, float], float], *,
@@ -433,11 +429,7 @@ class ErrorBudget:
         :func:`cheapest_rows` for the budget's test, from the records :meth:`choose` uses
         (``rho`` as there).
         """
-        return cheapest_rows(n_total, self._kept(rho)[1], self.sigma, self._cap(n_total), cost)
-
-    def _cap(self, n_total: int) -> int:
-        """The most rows per round a choice may take: the cap, or N without one."""
-        return n_total if self.cap is None else self.cap
+        return cheapest_rows(n_total, self._kept(rho)[1], self.sigma, n_total, cost)
 
     def _kept(self, rho: float | None) -> tuple[np.ndarray, np.ndarray]:
         """The records a choice is made from, and their spreads for moves of ``rho``."""
