@@ -2,7 +2,7 @@
 
 Every refusal says what is wrong and what to do. They are ``ValueError`` subclasses, so
 code that catches ``ValueError`` keeps working; catch these to tell the package's refusals
-apart. :func:`compared` formats the two numbers of a message's comparison.
+apart.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ __all__ = [
     "DataStoreError",
     "ModelNotSupportedError",
     "StartPointError",
-    "compared",
 ]
 
 
@@ -36,29 +35,3 @@ class DataChangedError(DataStoreError):
 class ControlVariateError(ValueError):
     """The control variates cannot be built; the message says why and what to do."""
 
-
-def compared(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
-    """Format two compared numbers with enough significant digits to tell them apart.
-
-    For a message saying that ``value`` is above or below ``limit``: the fewest digits,
-    from ``digits`` on, at which the two differ.
-
-    Parameters
-    ----------
-    value, limit : float
-        The measured number and the limit it is compared with.
-    digits : int
-        The fewest significant digits shown.
-
-    Returns
-    -------
-    tuple of str
-        ``value`` and ``limit`` formatted alike (``repr`` of both when they are equal
-        to 17 digits).
-
-    """
-    for k in range(digits, 18):
-        a, b = f"{value:.{k}g}", f"{limit:.{k}g}"
-        if a != b:
-            return a, b
-    return repr(float(value)), repr(float(limit))

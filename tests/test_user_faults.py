@@ -1,6 +1,5 @@
 """What users met: Ctrl-C inside a jitted graph, missing values in discrete observed data,
-integer labels in a wider type than the model's, compared numbers printed equal, a long
-set-up outside a terminal."""
+integer labels in a wider type than the model's, a long set-up outside a terminal."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ from pymc_minibatch_mh.errors import (
     DataStoreError,
     ModelNotSupportedError,
     StartPointError,
-    compared,
 )
 from pymc_minibatch_mh.model import internals
 from pymc_minibatch_mh.model.internals import direct_call
@@ -167,15 +165,6 @@ def test_int64_labels_that_do_not_fit_the_models_int32_are_refused_with_the_valu
                                              "int32"):
         for _ in store.chunks():
             pass
-
-
-# ------------------------------------------------------------------ compared numbers
-def test_compared_numbers_are_shown_with_the_digits_that_tell_them_apart():
-    """A predicted error of 0.00102 is not printed as 0.001 "above" a limit of 0.001."""
-    assert compared(0.00102, 0.001) == ("0.00102", "0.001")
-    assert compared(0.0013, 0.001) == ("0.0013", "0.001")
-    assert compared(0.25, 0.001) == ("0.25", "0.001")
-    assert compared(0.5, 0.5) == ("0.5", "0.5")
 
 
 # ------------------------------------------------------------------ set-up progress
